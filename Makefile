@@ -1,0 +1,89 @@
+# Large Model Support (LMS) for PyTorch and TensorFlow: the make front. `make help` explains.
+# Every target is a thin call of `python -m build_tools` or pytest; nothing here that they don't know.
+
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      ?= $(VENV)/bin/python
+MODE    ?= full
+SOURCE  ?=
+JOBS    ?=
+DRY_RUN ?=
+
+TOOLS        = $(PY) -m build_tools
+# The virtualenv is made on demand, unless PY names another interpreter (PY=python3).
+NEED_VENV    = $(filter $(VENV)/bin/python,$(PY))
+SOURCE_ARG   = $(if $(SOURCE),--source $(SOURCE))
+# Debian packages the tools and tests use: abidiff (ABI check), gtest (c10/TF allocator tests),
+# ninja (builds), protoc (TensorFlow's config.proto), xz (tarballs).
+SYSTEM_PACKAGES = abigail-tools libgtest-dev ninja-build protobuf-compiler xz-utils git
+
+.DEFAULT_GOAL := help
+.PHONY: help setup system-packages build verify patches check-patches tags test conformance clean
+
+help:
+	@echo "LMS build tools. Targets:"
+	@echo "  make setup                          virtualenv in $(VENV) with the tools and test dependencies"
+	@echo "  make build TORCH=<tag> [MODE=full|overlay] [SOURCE=...] [DRY_RUN=1] [JOBS=n]"
+	@echo "  make build TF=<tag> [SOURCE=...] [DRY_RUN=1] [JOBS=n]"
+	@echo "                                      wheel with LMS into dist/ (overlay: PyTorch only, minutes)"
+	@echo "  make verify [SOURCE=...]            apply every committed patch to its tag, print a table"
+	@echo "  make patches [SOURCE=...]           regenerate patches/*.patch from the LMS sources"
+	@echo "  make check-patches [SOURCE=...]     fail if a committed patch differs from a fresh export"
+	@echo "  make tags                           supported tags"
+	@echo "  make test                           the test suite (CPU; GPU tests skip without a GPU)"
+	@echo "  make conformance                    GPU conformance suite on this machine's GPU; report in build/conformance/"
+	@echo "SOURCE: where upstream trees come from. Default: the official git remotes. Also: debian, a local"
+	@echo "  git mirror, a git URL, a source tarball (path or URL); e.g. SOURCE=debian where GitHub is unreachable."
+	@echo "More: $(PYTHON) -m build_tools --help"
+
+$(VENV)/bin/python: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@touch $@
+
+setup: system-packages $(NEED_VENV)
+
+# Installs what is missing when run as root with apt; otherwise says what to install.
+system-packages:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "==> apt-get install$$missing"; \
+	  (apt-get install -y -q $$missing >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null)) \
+	    || { echo "error: could not install$$missing"; exit 1; }; \
+	else echo "warning: please install these system packages:$$missing (Debian/Ubuntu names)"; fi
+
+build: | $(NEED_VENV)
+ifdef TORCH
+	$(TOOLS) build pytorch $(TORCH) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(DRY_RUN),--dry-run)
+else ifdef TF
+	$(TOOLS) build tensorflow $(TF) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(DRY_RUN),--dry-run)
+else
+	@echo "error: say what to build: make build TORCH=<tag> or make build TF=<tag>"; $(TOOLS) tags; exit 2
+endif
+
+verify: | $(NEED_VENV)
+	$(TOOLS) verify $(SOURCE_ARG)
+
+patches: | $(NEED_VENV)
+	$(TOOLS) export $(SOURCE_ARG)
+
+check-patches: | $(NEED_VENV)
+	$(TOOLS) export --check $(SOURCE_ARG)
+
+tags: | $(NEED_VENV)
+	@$(TOOLS) tags
+
+test: setup
+	$(PY) -m pytest
+
+# GPU runners usually have their framework installed already: run with the interpreter that has it
+# (PY=python3 by default here, not the virtualenv), writing junit + json summaries.
+conformance:
+	mkdir -p build/conformance
+	$(PYTHON) -m pytest -m gpu tests/conformance -v --junitxml=build/conformance/junit.xml \
+	  -o junit_family=xunit2 $(PYTEST_ARGS)
+
+clean:
+	rm -rf build dist

@@ -1,0 +1,85 @@
+"""A build as a list of steps: printed exactly by --dry-run, executed otherwise."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import LmsError
+from ..progress import info, step
+from .toolchain import Check
+
+
+@dataclass
+class Step:
+    title: str
+    command: list[str] | None = None        # a command run in `cwd` with `env` added
+    cwd: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    action: Callable[[], None] | None = None  # or Python work (fetch, apply, repack)
+    shows: list[str] = field(default_factory=list)  # for an action: the commands it amounts to
+
+    def render(self) -> str:
+        if self.command is None:
+            return "\n".join([f"# {self.title}", *self.shows])
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cd = f"cd {shlex.quote(str(self.cwd))} && " if self.cwd else ""
+        return f"# {self.title}\n{cd}{env + ' ' if env else ''}{shlex.join(self.command)}"
+
+
+@dataclass
+class Plan:
+    title: str
+    steps: list[Step]
+    checks: list[Check]
+    log: Path
+
+    def render(self) -> str:
+        out = [f"Plan: {self.title}", "", "Toolchain:"]
+        out += [f"  {c.line()}" for c in self.checks]
+        out += ["", "Steps:"]
+        for i, s in enumerate(self.steps, 1):
+            out += [f"  [{i}] " + s.render().replace("\n", "\n      ")]
+        return "\n".join(out)
+
+    def execute(self) -> None:
+        missing = [c for c in self.checks if not c.ok]
+        if missing:
+            raise LmsError("the toolchain for this build is incomplete:\n  " +
+                           "\n  ".join(c.line() for c in missing),
+                           hint="install what is listed, or `--dry-run` to see the whole plan")
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        for i, s in enumerate(self.steps, 1):
+            step(f"[{i}/{len(self.steps)}] {s.title}")
+            start = time.monotonic()
+            if s.action is not None:
+                s.action()
+            if s.command is not None:
+                run_logged(s.command, s.cwd, s.env, self.log)
+            info(f"done in {time.monotonic() - start:.0f}s")
+
+
+def run_logged(cmd: list[str], cwd: Path | None, env: dict, log: Path) -> None:
+    """Run, streaming output to stderr and appending it to `log`; a failure shows the log's tail."""
+    full = dict(os.environ, **env)
+    with log.open("a") as lf:
+        lf.write(f"\n$ {shlex.join(cmd)}\n")
+        lf.flush()
+        try:
+            p = subprocess.Popen(cmd, cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            raise LmsError(f"could not start {cmd[0]}: {e}") from None
+        tail: list[str] = []
+        for line in p.stdout:
+            lf.write(line)
+            sys.stderr.write(line)
+            tail = (tail + [line])[-30:]
+        rc = p.wait()
+    if rc != 0:
+        raise LmsError(f"`{shlex.join(cmd)}` failed with exit status {rc}; last lines:\n" + "".join(tail),
+                       hint=f"full log: {log}")

@@ -1,0 +1,159 @@
+"""What the tools know about frameworks and tags.
+
+The only per-tag data is `patches/<framework>/<tag>/profile.toml`: a tag is supported exactly when that
+file exists. Everything here is derived from the repository layout, never listed twice.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import LmsError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def patches_dir() -> Path:
+    """The patches/ folder; $LMS_PATCHES_DIR points the tools at another one (the tests' own)."""
+    env = os.environ.get("LMS_PATCHES_DIR")
+    return Path(env).resolve() if env else REPO_ROOT / "patches"
+PATCH_SUFFIX = "_large_model_support.patch"
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str            # "pytorch" / "tensorflow": folder and patch-file name
+    title: str           # for messages
+    make_var: str        # the Makefile variable users set: TORCH= / TF=
+    remote: str          # the official upstream git remote (the default source)
+    version_file: str    # file in the tree that states its version
+    version_pattern: str  # regex with one group: the version
+    wheel_name: str      # the distribution name of the built wheel
+
+    def tree_version(self, tree: Path) -> str | None:
+        """The version the tree says it is, or None where the file is missing or unreadable."""
+        path = tree / self.version_file
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return None
+        m = re.search(self.version_pattern, text, re.MULTILINE)
+        return m.group(1) if m else None
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "pytorch": Framework(
+        name="pytorch", title="PyTorch", make_var="TORCH",
+        remote="https://github.com/pytorch/pytorch",
+        version_file="version.txt", version_pattern=r"^\s*([0-9]+\.[0-9]+\.[0-9]+)",
+        wheel_name="torch",
+    ),
+    "tensorflow": Framework(
+        name="tensorflow", title="TensorFlow", make_var="TF",
+        remote="https://github.com/tensorflow/tensorflow",
+        version_file="tensorflow/tools/pip_package/setup.py",
+        version_pattern=r"^_VERSION\s*=\s*['\"]([0-9]+\.[0-9]+\.[0-9]+)",
+        wheel_name="tensorflow",
+    ),
+}
+
+ALIASES = {"torch": "pytorch", "tf": "tensorflow", "pt": "pytorch"}
+
+TAG_RE = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+(?:-?rc[0-9]+)?$")
+
+
+def framework(name: str) -> Framework:
+    key = ALIASES.get(name.lower(), name.lower())
+    try:
+        return FRAMEWORKS[key]
+    except KeyError:
+        raise LmsError(f"unknown framework {name!r}", hint=f"use one of: {', '.join(FRAMEWORKS)}") from None
+
+
+def version_of_tag(tag: str) -> str:
+    """v2.6.0 -> 2.6.0 (the version a tree of that tag states)."""
+    if not TAG_RE.match(tag):
+        raise LmsError(f"{tag!r} is not a release tag", hint="tags look like v2.6.0 or v2.14.1")
+    return re.sub(r"-?rc[0-9]+$", "", tag[1:])
+
+
+@dataclass(frozen=True)
+class TagProfile:
+    framework: Framework
+    tag: str
+    data: dict = field(hash=False, compare=False)
+
+    @property
+    def dir(self) -> Path:
+        return patches_dir() / self.framework.name / self.tag
+
+    @property
+    def version(self) -> str:
+        return self.data.get("upstream", {}).get("version", version_of_tag(self.tag))
+
+    @property
+    def debian(self) -> dict | None:
+        return self.data.get("debian")
+
+    def build(self, mode: str) -> dict:
+        return self.data.get("build", {}).get(mode, {})
+
+    @property
+    def edit_series(self) -> list[Path]:
+        return sorted(self.dir.glob("[0-9][0-9][0-9][0-9]-*.patch"))
+
+    @property
+    def patch_file(self) -> Path:
+        return patches_dir() / f"{self.framework.name}_{self.tag}{PATCH_SUFFIX}"
+
+
+def src_dir(fw: Framework) -> Path:
+    """New LMS files of a framework, at their upstream paths."""
+    return patches_dir() / fw.name / "src"
+
+
+def src_files(fw: Framework) -> list[str]:
+    """Upstream-relative paths of every LMS source file of the framework, sorted."""
+    root = src_dir(fw)
+    if not root.is_dir():
+        return []
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"))
+
+
+def supported_tags(fw: Framework) -> list[str]:
+    base = patches_dir() / fw.name
+    tags = [p.parent.name for p in base.glob("*/profile.toml")] if base.is_dir() else []
+    return sorted(tags, key=lambda t: [int(x) if x.isdigit() else x for x in re.split(r"[.v-]", t)])
+
+
+def profile(fw: Framework, tag: str) -> TagProfile:
+    """The profile of a supported tag; an unsupported tag is an error listing the supported ones."""
+    path = patches_dir() / fw.name / tag / "profile.toml"
+    if not path.is_file():
+        supported = ", ".join(supported_tags(fw)) or "(none yet)"
+        raise LmsError(
+            f"{fw.title} {tag} is not supported: no LMS patch exists for that tag yet.\n"
+            f"  Supported {fw.title} tags: {supported}",
+            hint=(f"to start one from a tree you have, run `python -m build_tools rebase {fw.name} "
+                  f"--onto {tag} --source <your tree, git URL or tarball>`; it tries the nearest "
+                  f"supported patch with `git am -3` and reports conflicts file by file"),
+        )
+    with path.open("rb") as f:
+        return TagProfile(fw, tag, tomllib.load(f))
+
+
+def parse_patch_name(path: Path) -> tuple[Framework, str]:
+    """patches/pytorch_v2.6.0_large_model_support.patch -> (pytorch, "v2.6.0")."""
+    name = path.name
+    if not name.endswith(PATCH_SUFFIX) or "_" not in name:
+        raise LmsError(f"{name} is not named <framework>_<tag>{PATCH_SUFFIX}")
+    fw_name, tag = name[: -len(PATCH_SUFFIX)].split("_", 1)
+    return framework(fw_name), tag
+
+
+def committed_patches() -> list[Path]:
+    return sorted(patches_dir().glob(f"*{PATCH_SUFFIX}"))

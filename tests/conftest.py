@@ -1,0 +1,104 @@
+"""Shared fixtures: real upstream trees (Debian's release tarballs, imported by the build tools) and
+the GPU marker.
+
+Fixtures for other test modules:
+  upstream_tree(framework, tag) -> Path   pristine worktree of the real tree at the tag (read-only)
+  lms_tree(framework, tag) -> Path        worktree of the tag + the LMS change composed from the
+                                          current sources (what the exported patch produces; read-only)
+Where the trees come from: $LMS_TEST_SOURCE (any --source value; default `debian`), cached in
+$LMS_CACHE_DIR (default: .cache/build-tools in this checkout).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("LMS_CACHE_DIR", str(REPO / ".cache" / "build-tools"))
+
+# build_tools (and GitPython) are imported inside the fixtures, so that GPU conformance tests, which use
+# none of them, also run on GPU runners that have only torch and pytest.
+
+
+def _has_cuda_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda_gpu():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU on this machine (gpu tests run with `make conformance` on a GPU runner)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def test_source(framework: str) -> str:
+    return os.environ.get(f"LMS_TEST_SOURCE_{framework.upper()}", os.environ.get("LMS_TEST_SOURCE", "debian"))
+
+
+@pytest.fixture(scope="session")
+def upstream_repo():
+    """(framework, tag) -> (bare repo, commit): the real tree imported into the cache."""
+    from build_tools import catalog
+    from build_tools.upstream import parse_source
+
+    def get(framework: str, tag: str):
+        fw = catalog.framework(framework)
+        return parse_source(fw, test_source(fw.name)).ensure(tag)
+    return get
+
+
+@pytest.fixture(scope="session")
+def upstream_tree(upstream_repo, tmp_path_factory):
+    from build_tools import gitutil
+    made: dict = {}
+    repos = []
+
+    def get(framework: str, tag: str) -> Path:
+        key = (framework, tag)
+        if key not in made:
+            repo, _ = upstream_repo(framework, tag)
+            made[key] = gitutil.add_worktree(repo, tmp_path_factory.mktemp(f"up-{framework}-{tag}") / "tree", tag)
+            repos.append((repo, made[key]))
+        return made[key]
+
+    yield get
+    for repo, wt in repos:
+        gitutil.remove_worktree(repo, wt)
+
+
+@pytest.fixture(scope="session")
+def lms_tree(upstream_repo, tmp_path_factory):
+    from build_tools import catalog, gitutil
+    from build_tools.patch_factory.compose import compose_commit
+    made: dict = {}
+    repos = []
+
+    def get(framework: str, tag: str) -> Path:
+        key = (framework, tag)
+        if key not in made:
+            fw = catalog.framework(framework)
+            repo, _ = upstream_repo(framework, tag)
+            wt = gitutil.add_worktree(repo, tmp_path_factory.mktemp(f"lms-{framework}-{tag}") / "tree", tag)
+            repos.append((repo, wt))
+            compose_commit(catalog.profile(fw, tag), wt)
+            made[key] = wt
+        return made[key]
+
+    yield get
+    for repo, wt in repos:
+        gitutil.remove_worktree(repo, wt)

@@ -1,0 +1,262 @@
+"""The patch factory and patch operations on real git repositories made in temporary folders."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from build_tools import catalog, cli, gitutil
+from build_tools.errors import LmsError
+from build_tools.patch_factory import devtree, export
+from build_tools.patch_ops.apply import apply_patch
+from build_tools.patch_ops.rebase import rebase
+from build_tools.upstream import parse_source
+from factory_fixtures import git, make_patches_dir, make_upstream
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A PyTorch-shaped upstream repo, a patches/ folder for it, and a private cache."""
+    upstream = make_upstream(tmp_path / "upstream")
+    patches = make_patches_dir(tmp_path / "patches")
+    monkeypatch.setenv("LMS_PATCHES_DIR", str(patches))
+    monkeypatch.setenv("LMS_CACHE_DIR", str(tmp_path / "cache"))
+    fw = catalog.framework("pytorch")
+    return {"tmp": tmp_path, "upstream": upstream, "patches": patches, "fw": fw,
+            "source": parse_source(fw, str(upstream))}
+
+
+def run_cli(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "build_tools", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+
+
+def test_export_writes_a_dep3_patch_that_git_am_applies(world):
+    prof = catalog.profile(world["fw"], "v2.6.0")
+    path = export.export(prof, world["source"])
+    text = path.read_text()
+    assert path.name == "pytorch_v2.6.0_large_model_support.patch"
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")
+    assert "From: LMS Build Tools <lms-build-tools@users.noreply.github.com>" in text
+    assert "Subject: [PATCH] Large Model Support (LMS 0.1.0) for PyTorch v2.6.0" in text
+    for field in ("Description:", "Origin: vendor, LMS build tools 0.1.0", "Forwarded: not-needed",
+                  "Upstream-Tag: pytorch v2.6.0", "Last-Update: 2026-11-22",
+                  "Edit-Series: 0001-Call-the-LMS-hook-when-allocating.patch"):
+        assert field in text
+    applied = apply_patch(world["fw"], "v2.6.0", world["source"], path, world["tmp"] / "applied")
+    tree = applied.worktree
+    assert "lms::alloc_or_spill(size)" in (tree / "c10/cuda/CUDACachingAllocator.cpp").read_text()
+    assert (tree / "c10/cuda/CUDALargeModelSupport.cpp").read_text().startswith("// LMS (test source)")
+    assert (tree / "torch/cuda/lms.py").exists()
+    assert applied.files == 3
+    assert git(tree, "status", "--porcelain") == ""
+
+
+def test_export_is_byte_identical_across_runs_and_caches(world, monkeypatch):
+    prof = catalog.profile(world["fw"], "v2.6.0")
+    first = export.render(prof, world["source"])
+    second = export.render(prof, world["source"])
+    monkeypatch.setenv("LMS_CACHE_DIR", str(world["tmp"] / "another-cache"))
+    third = export.render(prof, parse_source(world["fw"], str(world["upstream"])))
+    assert first == second == third
+    # the user's own git configuration must not leak into the bytes
+    home = world["tmp"] / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[format]\n\tsignature = hello\n\tnumbered = true\n[diff]\n\tnoprefix = true\n")
+    monkeypatch.setenv("HOME", str(home))
+    assert export.render(prof, world["source"]) == first
+
+
+def test_check_mode_fails_on_stale_patch_and_passes_after_export(world):
+    prof = catalog.profile(world["fw"], "v2.6.0")
+    env = {"LMS_PATCHES_DIR": str(world["patches"]), "LMS_CACHE_DIR": str(world["tmp"] / "cache")}
+    src = ["--source", str(world["upstream"])]
+    missing = run_cli("export", "pytorch", "v2.6.0", "--check", *src, env_extra=env)
+    assert missing.returncode == 2 and "is missing" in missing.stderr
+    assert run_cli("export", "pytorch", "v2.6.0", *src, env_extra=env).returncode == 0
+    ok = run_cli("export", "pytorch", "v2.6.0", "--check", *src, env_extra=env)
+    assert ok.returncode == 0, ok.stderr
+    before = prof.patch_file.read_bytes()
+    (world["patches"] / "pytorch/src/torch/cuda/lms.py").write_text("def set_enabled_lms(on):\n    return on\n")
+    stale = run_cli("export", "pytorch", "v2.6.0", "--check", *src, env_extra=env)
+    assert stale.returncode == 2
+    assert "pytorch_v2.6.0_large_model_support.patch is stale" in stale.stderr
+    assert "-+    return bool(on)" in stale.stderr and "++    return on" in stale.stderr
+    assert prof.patch_file.read_bytes() == before, "check mode must not write"
+
+
+def test_apply_that_fails_names_file_and_hunk_and_leaves_nothing(world):
+    prof = catalog.profile(world["fw"], "v2.6.0")
+    patch = export.export(prof, world["source"])
+    dest = world["tmp"] / "onto-2.7"
+    with pytest.raises(LmsError) as err:
+        apply_patch(world["fw"], "v2.7.0", world["source"], patch, dest)
+    msg = str(err.value)
+    assert "c10/cuda/CUDACachingAllocator.cpp: hunk 1 of 1 `@@ -2,7 +2,7 @@`" in msg
+    assert "does not apply" in msg
+    assert not dest.exists()
+    assert "onto-2.7" not in git(world["source"].repo, "worktree", "list")
+
+
+def test_apply_refuses_a_non_empty_destination(world):
+    patch = export.export(catalog.profile(world["fw"], "v2.6.0"), world["source"])
+    dest = world["tmp"] / "busy"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    with pytest.raises(LmsError, match="not empty"):
+        apply_patch(world["fw"], "v2.6.0", world["source"], patch, dest)
+    assert (dest / "keep.txt").read_text() == "mine"
+
+
+def test_rebase_reports_conflicts_file_by_file(world):
+    export.export(catalog.profile(world["fw"], "v2.6.0"), world["source"])
+    report = rebase(world["fw"], "v2.7.0", world["source"], world["source"], world["tmp"] / "rb",
+                    from_tag="v2.6.0")
+    assert not report.clean
+    status = dict(report.files)
+    assert status["c10/cuda/CUDACachingAllocator.cpp"].startswith("CONFLICT (1 region")
+    assert status["c10/cuda/CUDALargeModelSupport.cpp"] == "merged cleanly"
+    text = (report.worktree / "c10/cuda/CUDACachingAllocator.cpp").read_text()
+    assert "<<<<<<<" in text and "raw_alloc_v2(size, stream)" in text and "lms::alloc_or_spill" in text
+
+
+def test_rebase_onto_a_compatible_tag_is_clean(world):
+    export.export(catalog.profile(world["fw"], "v2.6.0"), world["source"])
+    report = rebase(world["fw"], "v2.6.1", world["source"], world["source"], world["tmp"] / "rb")
+    assert report.clean and report.from_tag == "v2.6.0"
+    assert "lms::alloc_or_spill" in (report.worktree / "c10/cuda/CUDACachingAllocator.cpp").read_text()
+
+
+def test_rebase_cli_exits_3_with_conflict_table(world):
+    env = {"LMS_PATCHES_DIR": str(world["patches"]), "LMS_CACHE_DIR": str(world["tmp"] / "cache")}
+    src = ["--source", str(world["upstream"])]
+    assert run_cli("export", "pytorch", "v2.6.0", *src, env_extra=env).returncode == 0
+    r = run_cli("rebase", "pytorch", "--onto", "v2.7.0", "--from", "v2.6.0", "--dest",
+                str(world["tmp"] / "rb"), *src, env_extra=env)
+    assert r.returncode == 3, r.stderr
+    assert "c10/cuda/CUDACachingAllocator.cpp" in r.stdout and "CONFLICT" in r.stdout
+
+
+def test_dev_tree_and_save_edits_round_trip(world):
+    prof = catalog.profile(world["fw"], "v2.6.0")
+    first = export.render(prof, world["source"])
+    dev = devtree.make_dev_tree(prof, world["source"], world["tmp"] / "dev")
+    assert (dev / "c10/cuda/CUDALargeModelSupport.cpp").is_symlink()
+    # saving normalises the hand-made series (index lines); saving again gives the same bytes back
+    devtree.save_edits(prof, dev)
+    series_before = {p.name: p.read_bytes() for p in prof.edit_series}
+    assert b"index " in series_before["0001-Call-the-LMS-hook-when-allocating.patch"]
+    devtree.save_edits(prof, dev)
+    assert {p.name: p.read_bytes() for p in prof.edit_series} == series_before
+    # a new edit of an upstream file becomes 0002-*.patch and part of the exported patch
+    init = dev / "torch/cuda/__init__.py"
+    init.write_text(init.read_text() + "from .lms import set_enabled_lms  # noqa: F401\n")
+    gitutil.run(dev, "commit", "-qam", "Export the LMS API from torch.cuda",
+                env=gitutil.identity("2026-11-22T00:00:00+00:00"))
+    saved = devtree.save_edits(prof, dev)
+    assert [p.name for p in saved] == ["0001-Call-the-LMS-hook-when-allocating.patch",
+                                       "0002-Export-the-LMS-API-from-torch.cuda.patch"]
+    assert "CUDALargeModelSupport" not in saved[1].read_text(), "src/ files never enter the edit series"
+    second = export.render(prof, world["source"])
+    assert second != first and b"+from .lms import set_enabled_lms" in second
+
+
+def test_save_edits_refuses_uncommitted_work(world):
+    prof = catalog.profile(world["fw"], "v2.6.0")
+    dev = devtree.make_dev_tree(prof, world["source"], world["tmp"] / "dev")
+    (dev / "README.md").write_text("changed\n")
+    with pytest.raises(LmsError, match="uncommitted changes"):
+        devtree.save_edits(prof, dev)
+
+
+def test_broken_edit_series_is_reported_with_its_file(world):
+    prof = catalog.profile(world["fw"], "v2.6.0")
+    bad = prof.edit_series[0]
+    bad.write_text(bad.read_text().replace(" void* malloc_block(size_t size) {", " void* malloc_blk(size_t size) {"))
+    with pytest.raises(LmsError) as err:
+        export.render(prof, world["source"])
+    assert "v2.6.0/0001-Call-the-LMS-hook-when-allocating.patch does not apply" in str(err.value)
+    assert "c10/cuda/CUDACachingAllocator.cpp" in str(err.value)
+
+
+def test_verify_prints_a_table_and_fails_on_a_broken_patch(world, capsys):
+    from build_tools.patch_ops.verify import verify
+    good = export.export(catalog.profile(world["fw"], "v2.6.0"), world["source"])
+    rows = verify([good], lambda fw: world["source"])
+    assert rows[0]["result"] == "ok" and rows[0]["files"] == "3"
+    out = capsys.readouterr().out
+    assert "PATCH" in out and "pytorch_v2.6.0_large_model_support.patch" in out
+    broken = world["patches"] / "pytorch_v2.6.1_large_model_support.patch"
+    broken.write_text(good.read_text().replace("return raw_alloc(size);", "return raw_alloc(size, 0);"))
+    with pytest.raises(LmsError, match="1 of 2 patch"):
+        verify([good, broken], lambda fw: world["source"])
+    assert "FAILED" in capsys.readouterr().out
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+
+def test_unknown_framework_and_bad_tags(world):
+    with pytest.raises(LmsError, match="unknown framework 'caffe'"):
+        catalog.framework("caffe")
+    with pytest.raises(LmsError, match="not a release tag"):
+        catalog.version_of_tag("latest")
+    with pytest.raises(LmsError) as err:
+        catalog.profile(world["fw"], "v9.9.9")
+    assert "Supported PyTorch tags: v2.6.0, v2.6.1" in str(err.value)
+    assert "rebase pytorch --onto v9.9.9" in str(err.value)
+
+
+def test_git_source_without_the_tag(world):
+    with pytest.raises(LmsError, match="has no tag v2.8.0"):
+        world["source"].ensure("v2.8.0")
+
+
+def test_git_source_with_the_wrong_tree(world, tmp_path):
+    other = tmp_path / "not-torch"
+    other.mkdir()
+    git(other, "init", "-q")
+    (other / "hello.txt").write_text("hi\n")
+    git(other, "add", "-A")
+    git(other, "commit", "-qm", "x")
+    git(other, "tag", "v2.6.0")
+    with pytest.raises(LmsError, match="not a PyTorch tree"):
+        parse_source(world["fw"], str(other)).ensure("v2.6.0")
+
+
+def test_bad_source_specs(world, tmp_path):
+    with pytest.raises(LmsError, match="not found"):
+        parse_source(world["fw"], str(tmp_path / "nope.tar.xz"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(LmsError, match="not a git repository"):
+        parse_source(world["fw"], str(plain))
+    with pytest.raises(LmsError, match="neither a git repository"):
+        parse_source(world["fw"], str(tmp_path / "missing-folder"))
+
+
+def test_tarball_of_another_version_is_refused(world, tmp_path):
+    tar = tmp_path / "pytorch-v2.6.0.tar.gz"
+    subprocess.run(["git", "archive", "--prefix=pytorch-v2.6.0/", "-o", str(tar), "v2.6.0"],
+                   cwd=world["upstream"], check=True)
+    src = parse_source(world["fw"], str(tar))
+    with pytest.raises(LmsError, match="holds PyTorch 2.6.0, not 2.6.1"):
+        src.ensure("v2.6.1")
+    repo, commit = src.ensure("v2.6.0")
+    # the same tarball imports to the same commit in a fresh cache, and a second run reuses it
+    assert src.ensure("v2.6.0") == (repo, commit)
+    assert gitutil.run(repo, "show", "v2.6.0:version.txt").out.strip() == "2.6.0a0"
+    assert (tmp_path / "scratch").exists() is False
+
+
+def test_cli_help_and_errors_exit_cleanly(world):
+    r = run_cli("--help")
+    assert r.returncode == 0 and "debian" in r.stdout and "rebase" in r.stdout
+    r = run_cli("build", "pytorch", "v9.9.9")
+    assert r.returncode == 2 and "Supported PyTorch tags" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,144 @@
+"""The tools on the real upstream trees: Debian's release tarballs of PyTorch v2.6.0 and TensorFlow v2.14.1.
+
+These download (once, cached) and import the trees, so they need the Debian archive; CI has it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from build_tools import catalog, gitutil
+from build_tools.upstream import cache_dir, debian, parse_source
+
+REPO = Path(__file__).resolve().parent.parent
+TREES = [("pytorch", "v2.6.0", "c10/cuda/CUDACachingAllocator.cpp"),
+         ("tensorflow", "v2.14.1", "tensorflow/tsl/framework/bfc_allocator.cc")]
+
+
+def tools(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "build_tools", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args, f"PY={sys.executable}"], cwd=REPO,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("framework,tag,allocator", TREES)
+def test_debian_tree_is_imported_and_tagged(upstream_repo, framework, tag, allocator):
+    repo, commit = upstream_repo(framework, tag)
+    assert gitutil.rev(repo, tag) == commit
+    files = gitutil.run(repo, "ls-tree", "-r", "--name-only", tag).out.splitlines()
+    assert len(files) > 10000, "a whole release tree, not a sample"
+    assert allocator in files
+    fw = catalog.framework(framework)
+    assert fw.version_file in files
+    msg = gitutil.run(repo, "log", "-1", "--format=%B", tag).out
+    assert "orig.tar" in msg and "sha256 " in msg
+
+
+def debian_tarball(framework: str, tag: str) -> Path:
+    """The orig tarball (downloaded once into the cache) behind `--source debian`."""
+    deb = catalog.profile(catalog.framework(framework), tag).debian
+    return debian.fetch_orig_tarball(deb["package"], deb["version"], deb["suite"],
+                                     cache_dir() / "apt", cache_dir() / "downloads")
+
+
+def test_tarball_import_is_deterministic(upstream_repo, tmp_path, monkeypatch):
+    """The same tarball gives the same commit in a fresh cache: imports are reproducible."""
+    _, commit = upstream_repo("pytorch", "v2.6.0")
+    tarball = debian_tarball("pytorch", "v2.6.0")
+    monkeypatch.setenv("LMS_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    fw = catalog.framework("pytorch")
+    _, again = parse_source(fw, str(tarball)).ensure("v2.6.0")
+    assert again == commit
+
+
+def test_wrong_tag_for_the_tarball_is_refused(upstream_repo, tmp_path):
+    tarball = debian_tarball("pytorch", "v2.6.0")
+    env = dict(os.environ, LMS_CACHE_DIR=str(tmp_path / "c"))
+    r = subprocess.run([sys.executable, "-m", "build_tools", "fetch", "pytorch", "v2.7.0", "--source", str(tarball)],
+                       cwd=REPO, capture_output=True, text=True, env=env)
+    assert r.returncode == 2
+    assert "holds PyTorch 2.6.0, not 2.7.0" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_upstream_trees_fixture_checks_out_the_tag(upstream_tree):
+    tree = upstream_tree("pytorch", "v2.6.0")
+    assert (tree / "version.txt").read_text().startswith("2.6.0")
+    assert (tree / "c10/cuda/CUDACachingAllocator.cpp").is_file()
+
+
+def test_committed_patches_match_a_fresh_export_on_the_real_trees(upstream_repo):
+    """Regenerating gives identical bytes (a stale or hand-edited patch fails here)."""
+    for fw_name, tag, _ in TREES:
+        upstream_repo(fw_name, tag)
+    r = tools("export", "--check", "--source", "debian")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_verify_applies_every_committed_patch_on_the_real_trees(upstream_repo):
+    for fw_name, tag, _ in TREES:
+        upstream_repo(fw_name, tag)
+    r = tools("verify", "--source", "debian")
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    patches = catalog.committed_patches()
+    if not patches:
+        assert "no committed patches" in r.stdout
+    for p in patches:
+        line = next(l for l in r.stdout.splitlines() if l.startswith(p.name))
+        assert line.rstrip().endswith("ok"), line
+
+
+# ---- the make front ---------------------------------------------------------------------------------
+
+def test_make_build_unknown_tag_lists_the_supported_ones():
+    r = make("build", "TORCH=v9.9.9")
+    assert r.returncode != 0
+    assert "PyTorch v9.9.9 is not supported" in r.stderr
+    assert "Supported PyTorch tags: " + ", ".join(catalog.supported_tags(catalog.framework("pytorch"))) in r.stderr
+
+
+def test_make_build_seed_tag_explains_rebase():
+    r = make("build", "TF=v2.1.0")
+    assert r.returncode != 0
+    assert "TensorFlow v2.1.0 is not supported: no LMS patch exists for that tag yet" in r.stderr
+    assert "rebase tensorflow --onto v2.1.0" in r.stderr
+
+
+def test_make_build_without_a_framework_says_what_to_do():
+    r = make("build")
+    assert r.returncode != 0 and "make build TORCH=<tag>" in r.stdout
+
+
+def test_make_dry_run_pytorch_prints_the_real_upstream_plan():
+    r = make("build", "TORCH=v2.6.0", "DRY_RUN=1")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for expected in ("fetch --depth=1 https://github.com/pytorch/pytorch +refs/tags/v2.6.0:refs/tags/v2.6.0",
+                     "git submodule update --init --recursive",
+                     "am ", "pytorch_v2.6.0_large_model_support.patch",
+                     "-m pip install -r requirements.txt",
+                     "setup.py bdist_wheel", "PYTORCH_BUILD_VERSION=2.6.0+lms1", "TORCH_CUDA_ARCH_LIST=",
+                     "USE_CUDA=1", "MAX_JOBS=", "Toolchain:", "nvcc (CUDA toolkit)", "cuDNN"):
+        assert expected in out, expected
+    assert not (REPO / "build" / "pytorch-v2.6.0-full").exists(), "a dry run does nothing"
+
+
+def test_make_dry_run_tensorflow_prints_the_pinned_bazel_plan(upstream_repo):
+    upstream_repo("tensorflow", "v2.14.1")
+    r = make("build", "TF=v2.14.1", "DRY_RUN=1", "SOURCE=debian")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for expected in ("apt-get source --download-only --tar-only tensorflow=", "configure.py",
+                     "USE_BAZEL_VERSION=6.1.0", "build --config=opt --config=cuda",
+                     "//tensorflow/tools/pip_package:build_pip_package",
+                     "bazel-bin/tensorflow/tools/pip_package/build_pip_package",
+                     "TF_NEED_CUDA=1", "local version 2.14.1+lms1"):
+        assert expected in out, expected
