@@ -82,8 +82,8 @@ test: setup
 # (PY=python3 by default here, not the virtualenv), writing junit + json summaries.
 conformance:
 	mkdir -p build/conformance
-	$(PYTHON) -m pytest -m gpu tests/conformance -v --junitxml=build/conformance/junit.xml \
-	  -o junit_family=xunit2 $(PYTEST_ARGS)
+	LMS_CONFORMANCE_REPORT=build/conformance/summary.json $(PYTHON) -m pytest -m gpu tests/conformance -v \
+	  --junitxml=build/conformance/junit.xml -o junit_family=xunit2 $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist

@@ -142,8 +142,8 @@ def cmd_build(args) -> int:
         if fw.name != "pytorch":
             raise LmsError(f"{fw.title} has no overlay build: its LMS patch needs a full build",
                            hint=f"make build {fw.make_var}={args.tag}")
-        from .overlay.driver import overlay_plan
-        plan = overlay_plan(prof, source, dist=dist, jobs=args.jobs)
+        from .builders import pytorch_overlay
+        plan = pytorch_overlay.plan(prof, source, jobs=args.jobs, dist=dist)
     else:
         from .builders import pytorch_full, tensorflow_full
         module = pytorch_full if fw.name == "pytorch" else tensorflow_full

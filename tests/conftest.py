@@ -102,3 +102,34 @@ def lms_tree(upstream_repo, tmp_path_factory):
     yield get
     for repo, wt in repos:
         gitutil.remove_worktree(repo, wt)
+
+
+# ---- conformance report -----------------------------------------------------------------------------
+# `make conformance` sets LMS_CONFORMANCE_REPORT: a JSON summary (machine, outcome of every test) for
+# GPU runners to archive next to the junit XML.
+
+_results: list[dict] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _results.append({"test": report.nodeid, "outcome": report.outcome,
+                         "seconds": round(report.duration, 3),
+                         "detail": str(report.longrepr)[-2000:] if report.outcome != "passed" else ""})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("LMS_CONFORMANCE_REPORT")
+    if not path:
+        return
+    import json
+    import platform
+    gpu = ""
+    if _has_cuda_gpu():
+        gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
+    counts: dict = {}
+    for r in _results:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"host": platform.node(), "gpu": gpu, "exit_status": int(exitstatus),
+                                      "counts": counts, "tests": _results}, indent=2))

@@ -6,7 +6,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from .. import gitutil
+from .. import LMS_BUILD, gitutil
+from ..errors import LmsError
 from ..catalog import TagProfile
 from ..upstream import Source, cache_dir
 from . import common, toolchain
@@ -80,11 +81,28 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
                 steps, checks, bdir / "build.log")
 
 
+def set_local_version(wheel: Path, local: str, out_dir: Path) -> Path:
+    """A copy of `wheel` in `out_dir` whose version carries `+<local>` (file name, dist-info, METADATA)."""
+    import re
+    from ..overlay.wheelzip import rewrite_wheel
+    name, version, rest = wheel.name.split("-", 2)
+    new_version = f"{version}+{local}"
+
+    def metadata(data: bytes) -> bytes:
+        return re.sub(rb"^Version: .*$", f"Version: {new_version}".encode(), data, count=1, flags=re.MULTILINE)
+
+    out = out_dir / f"{name}-{new_version}-{rest}"
+    rewrite_wheel(wheel, out, old_dist_info=f"{name}-{version}.dist-info",
+                  new_dist_info=f"{name}-{new_version}.dist-info",
+                  transform={f"{name}-{version}.dist-info/METADATA": metadata})
+    return out
+
+
 def _retag_and_collect(prof: TagProfile, wheel_dir: Path, dist: Path) -> None:
-    from ..overlay.wheelfile import set_local_version  # the same wheel rewriting the overlay build uses
-    wheels = sorted(wheel_dir.glob(f"tensorflow-{prof.version}-*.whl"))
+    wheels = sorted(wheel_dir.glob(f"tensorflow*-{prof.version}-*.whl"))
+    if len(wheels) != 1:
+        raise LmsError(f"expected one TensorFlow {prof.version} wheel in {wheel_dir}, found {len(wheels)}")
     out = wheel_dir / "lms"
     out.mkdir(exist_ok=True)
-    for w in wheels:
-        set_local_version(w, f"lms{common.LMS_BUILD}", out)
-    common.collect_wheel(out, "tensorflow-*.whl", dist)
+    set_local_version(wheels[0], f"lms{LMS_BUILD}", out)
+    common.collect_wheel(out, "tensorflow*.whl", dist)

@@ -1,0 +1,37 @@
+"""Overlay PyTorch build as a Plan: the patched tree from build/, then build_tools.overlay on top of the
+official wheel (see build_tools/overlay/__init__.py for what that does)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..catalog import TagProfile
+from ..upstream import Source
+from . import common, toolchain
+from .plan import Plan, Step
+
+
+def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: str = sys.executable,
+         dist: Path = common.DIST) -> Plan:
+    from ..overlay import build_overlay
+    bdir = common.build_dir(prof, "overlay")
+    tree = bdir / "src"
+    ocfg = prof.build("overlay")
+    checks = [
+        toolchain.tool_check("g++", "9.4", why="(compiles libc10_cuda)"),
+        toolchain.tool_check("cmake", "3.18"),
+        toolchain.tool_check("ninja", "1.10", why="(`pip install ninja` or Debian ninja-build)"),
+        toolchain.tool_check("abidiff", "2.0", why="(Debian/Ubuntu package abigail-tools: the ABI guard)"),
+    ]
+    steps = [
+        Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
+             f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
+             shows=common.tree_commands(prof, source, tree)),
+        Step(f"overlay build: official wheel {ocfg.get('wheel')} for {python}, CUDA headers "
+             f"{ocfg.get('cuda_headers')}, rebuild libc10_cuda with CMake + ninja, abidiff against the "
+             f"official library, repack as {common.local_version(prof)} into {dist}",
+             action=lambda: build_overlay(prof.tag, tree, dist, python=python, jobs=jobs),
+             shows=[f"{sys.executable} -m build_tools.overlay {prof.tag} {tree} --dist {dist} --python {python}"]),
+    ]
+    return Plan(f"overlay build of {prof.framework.title} {prof.tag} + LMS -> torch {common.local_version(prof)}",
+                steps, checks, bdir / "build.log")
