@@ -32,6 +32,13 @@ class Framework:
     version_file: str    # file in the tree that states its version
     version_pattern: str  # regex with one group: the version
     wheel_name: str      # the distribution name of the built wheel
+    # How many parts of the version the tree's version file pins: PyTorch bumps version.txt per minor
+    # release only (v1.13.1 and v2.6.0 say 1.13.0a0 and 2.6.0a0); TensorFlow's setup.py is exact.
+    version_parts: int = 3
+
+    def matches(self, found: str | None, expected: str) -> bool:
+        n = self.version_parts
+        return found is not None and found.split(".")[:n] == expected.split(".")[:n]
 
     def tree_version(self, tree: Path) -> str | None:
         """The version the tree says it is, or None where the file is missing or unreadable."""
@@ -49,7 +56,7 @@ FRAMEWORKS: dict[str, Framework] = {
         name="pytorch", title="PyTorch", make_var="TORCH",
         remote="https://github.com/pytorch/pytorch",
         version_file="version.txt", version_pattern=r"^\s*([0-9]+\.[0-9]+\.[0-9]+)",
-        wheel_name="torch",
+        wheel_name="torch", version_parts=2,
     ),
     "tensorflow": Framework(
         name="tensorflow", title="TensorFlow", make_var="TF",

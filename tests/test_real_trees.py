@@ -161,4 +161,4 @@ def test_rebase_of_the_real_patch_onto_an_older_release_reports_file_by_file(ups
     from build_tools import patchfile
     for path in patchfile.touched_paths(patch.read_text()):
         assert path in r.stdout, path
-    assert dest.is_dir() and (dest / "version.txt").read_text().startswith("1.13.1")
+    assert dest.is_dir() and (dest / "version.txt").read_text().startswith("1.13.")

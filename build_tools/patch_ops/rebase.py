@@ -64,14 +64,21 @@ def rebase(fw: Framework, onto: str, source: Source, from_source: Source, dest: 
     if r.ok:
         report = RebaseReport(from_tag, onto, wt, True, [(f.path, "merged cleanly") for f in files])
     else:
-        unmerged = set(gitutil.run(wt, "diff", "--name-only", "--diff-filter=U").out.split())
+        # unmerged paths with git's two-letter state: UU both changed, DU the tag lacks the file, ...
+        unmerged = {line[3:]: line[:2] for line in gitutil.run(wt, "status", "--porcelain").out.splitlines()
+                    if line[:2] in ("UU", "DU", "UD", "AA", "AU", "UA", "DD")}
         output = r.err + str(r.out)
         rows = []
         for f in files:
             if f.path in unmerged:
+                if unmerged[f.path] == "DU":
+                    rows.append((f.path, "CONFLICT: this tag has no such file (the code lives elsewhere "
+                                         "there); the patched file was left in place to port by hand"))
+                    continue
                 text = (wt / f.path).read_text(errors="replace") if (wt / f.path).exists() else ""
                 n = len(re.findall(r"^<<<<<<< ", text, re.MULTILINE))
-                rows.append((f.path, f"CONFLICT ({n} region(s) with markers)"))
+                rows.append((f.path, f"CONFLICT ({n} region(s) with markers)" if n else
+                             f"CONFLICT (git state {unmerged[f.path]})"))
             elif re.search(rf"(error|CONFLICT).*{re.escape(f.path)}", output):
                 rows.append((f.path, "FAILED: " + patchfile.describe_failure(patchfile.read(patch), output)
                              .splitlines()[0]))

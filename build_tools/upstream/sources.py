@@ -130,7 +130,7 @@ def _check_version(src: Source, tag: str, expected: str) -> None:
     if not shown.ok:
         raise LmsError(f"{tag} from {src.location} is not a {fw.title} tree ({fw.version_file} is missing)")
     m = re.search(fw.version_pattern, shown.out, re.MULTILINE)
-    if not m or m.group(1) != expected:
+    if not fw.matches(m.group(1) if m else None, expected):
         raise LmsError(f"{tag} from {src.location} holds {fw.title} {m.group(1) if m else '?'}, not {expected}")
 
 

@@ -104,7 +104,7 @@ def import_tarball(fw: Framework, tarball: Path, tag: str, expected_version: str
         found = fw.tree_version(root)
         if found is None:
             raise LmsError(f"{tarball.name} does not look like a {fw.title} tree: {fw.version_file} is missing")
-        if found != expected_version:
+        if not fw.matches(found, expected_version):
             raise LmsError(f"{tarball.name} holds {fw.title} {found}, not {expected_version} (tag {tag})",
                            hint=f"pass the tarball of {fw.title} {expected_version}, or the tag v{found}")
         step(f"importing into {repo} as {tag}")
