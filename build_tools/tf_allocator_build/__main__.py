@@ -1,0 +1,63 @@
+"""python -m build_tools.tf_allocator_build --help"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import DEFAULT_CACHE, LMS_SRC, REPO, build, log, run_tests
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m build_tools.tf_allocator_build",
+        description="Build (and optionally run) the standalone test program of "
+        "TensorFlow v2.14.1's BFC allocator with Large Model Support: the "
+        "patched allocator sources of TREE compiled against the official "
+        "tensorflow-cpu 2.14.1 wheel (headers + libtensorflow_framework.so.2, "
+        "downloaded once into the cache), linked with TensorFlow's own BFC "
+        "allocator tests and the LMS conformance tests.")
+    p.add_argument("--tree", type=Path, required=True,
+                   help="TensorFlow v2.14.1 tree with the LMS edit series applied "
+                   "(e.g. the lms_tree fixture or a dev-tree worktree)")
+    p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: host-memory page backend; cuda: CUDA VMM backend "
+                   "(built with nvcc here, run on a GPU machine)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="build folder (default: build/tf_allocator/<target>)")
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                   help=f"wheel cache (default: {DEFAULT_CACHE.relative_to(REPO)})")
+    p.add_argument("--wheel", type=Path, default=None,
+                   help="use this tensorflow-cpu 2.14.1 cp311 wheel instead of downloading")
+    p.add_argument("--no-overlay-src", action="store_true",
+                   help=f"take the new LMS files from TREE only, not from {LMS_SRC.relative_to(REPO)}")
+    p.add_argument("-j", "--jobs", type=int, default=None)
+    p.add_argument("--cuda-arch", default="sm_90")
+    p.add_argument("--bundle", type=Path, default=None,
+                   help="copy the stripped program and libtensorflow_framework.so.2 "
+                   "here (e.g. .device/tf) to take to the GPU machine")
+    p.add_argument("--run", action="store_true", help="run the program after building")
+    p.add_argument("--gtest-filter", default=None)
+    p.add_argument("--xml", type=Path, default=None, help="gtest XML report")
+    a = p.parse_args(argv)
+    binary = build(a.tree.resolve(), a.target, a.out, a.cache.resolve(), a.wheel,
+                   None if a.no_overlay_src else LMS_SRC, a.jobs, a.cuda_arch)
+    log(f"built {binary}")
+    if a.bundle:
+        a.bundle.mkdir(parents=True, exist_ok=True)
+        dst = a.bundle / binary.name
+        shutil.copyfile(binary, dst)
+        subprocess.run(["strip", "--strip-unneeded", str(dst)], check=True)
+        dst.chmod(0o755)
+        so = a.cache.resolve() / "wheel-2.14.1" / "tensorflow" / "libtensorflow_framework.so.2"
+        shutil.copyfile(so, a.bundle / so.name)
+        log(f"bundle in {a.bundle}: " + ", ".join(
+            f"{f.name} {f.stat().st_size >> 20} MiB" for f in sorted(a.bundle.iterdir())))
+    if a.run:
+        return run_tests(binary, a.gtest_filter, a.xml)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

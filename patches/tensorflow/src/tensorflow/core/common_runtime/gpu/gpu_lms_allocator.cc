@@ -1,0 +1,77 @@
+/* Copyright 2026 The LMS Project Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+#include "tensorflow/core/common_runtime/gpu/gpu_lms_allocator.h"
+
+#include <utility>
+
+#include "tensorflow/tsl/framework/lms_sub_allocator.h"
+#include "tensorflow/tsl/platform/logging.h"
+
+#if GOOGLE_CUDA
+#include "tensorflow/compiler/xla/stream_executor/cuda/cuda_driver.h"
+#include "tensorflow/compiler/xla/stream_executor/device_id_utils.h"
+#include "tensorflow/compiler/xla/stream_executor/gpu/gpu_init.h"
+#include "tensorflow/compiler/xla/stream_executor/stream_executor.h"
+#include "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h"
+#endif
+
+namespace tensorflow {
+
+std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
+    const GPUOptions& options, tsl::PlatformDeviceId platform_device_id,
+    const std::vector<tsl::SubAllocator::Visitor>& alloc_visitors,
+    size_t device_bytes, size_t* bfc_total_bytes) {
+  if (!options.experimental().lms_enabled()) return nullptr;
+#if GOOGLE_CUDA
+  namespace se = ::stream_executor;
+  se::StreamExecutor* executor =
+      se::DeviceIdUtil::ExecutorForPlatformDeviceId(se::GPUMachineManager(),
+                                                    platform_device_id)
+          .value();
+  auto* gpu_context = reinterpret_cast<se::gpu::GpuContext*>(
+      executor->implementation()->GpuContextHack());
+  auto backend =
+      CreateGpuLmsPageBackend(gpu_context->context(), platform_device_id.value());
+  if (!backend.ok()) {
+    LOG(ERROR) << "Large Model Support is not available on GPU "
+               << platform_device_id.value() << ": " << backend.status();
+    return nullptr;
+  }
+  // Host swap space: gpu_host_mem_limit_in_mb, else TF_GPU_HOST_MEM_LIMIT_IN_MB,
+  // else the gpu_host_bfc allocator's default (128 GiB).
+  size_t host_bytes;
+  if (options.experimental().gpu_host_mem_limit_in_mb() > 0) {
+    host_bytes = static_cast<size_t>(
+        options.experimental().gpu_host_mem_limit_in_mb() * (1LL << 20));
+  } else {
+    host_bytes = tsl::LmsHostMemLimitFromEnv(size_t{1} << 37);
+  }
+  // Address space for the device pages, the spilled pages and the holes left
+  // by defragmentation.
+  const size_t va_bytes = 4 * device_bytes + 2 * host_bytes;
+  auto sub = tsl::LmsVirtualMemSubAllocator::Create(
+      std::move(backend).value(), va_bytes, device_bytes, host_bytes,
+      alloc_visitors, {}, platform_device_id.value());
+  if (sub == nullptr) return nullptr;
+  *bfc_total_bytes = va_bytes;
+  return sub;
+#else
+  LOG(ERROR) << "Large Model Support needs a CUDA build of TensorFlow.";
+  return nullptr;
+#endif
+}
+
+}  // namespace tensorflow

@@ -1,0 +1,413 @@
+/* Copyright 2026 The LMS Project Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+// Large Model Support (LMS) for BFCAllocator.
+//
+// With BFCAllocator::Options::lms_enabled and a LmsVirtualMemSubAllocator as
+// sub-allocator, an allocation that the device cannot serve is served anyway:
+//
+//  1. (defrag, Options::lms_defrag_enabled) the device pages under free chunks
+//     are unmapped and mapped again at the end of the address range, forming
+//     a contiguous region out of fragmented free memory.  No tensor moves.
+//  2. (spill) the device pages of the least recently used allocations are
+//     copied to host pages, which are mapped at the same virtual addresses:
+//     every pointer stays valid and its bytes stay readable and writable.
+//  3. the freed device pages are mapped under the new allocation.
+//
+// When an allocation is freed while data is spilled, the device pages of the
+// freed memory are used to bring the most recently used spilled allocations
+// back ("swap in").  The host memory used for spilling is bounded by
+// TF_GPU_HOST_MEM_LIMIT_IN_MB.
+//
+// Invariant: pages without physical backing only ever lie inside free chunks;
+// FindChunkPtr maps device pages under them before a chunk is handed out.
+//
+// Recency: an allocation's recency is its allocation id (allocation order),
+// raised by LmsTouch (for callers that know an allocation is about to be
+// used, e.g. an executor before a kernel launch).
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "tensorflow/tsl/framework/bfc_allocator.h"
+#include "tensorflow/tsl/framework/lms_sub_allocator.h"
+#include "tensorflow/tsl/platform/logging.h"
+#include "tensorflow/tsl/platform/numbers.h"
+#include "tensorflow/tsl/platform/strcat.h"
+
+namespace tsl {
+
+namespace {
+size_t RoundUpTo(size_t v, size_t m) { return (v + m - 1) / m * m; }
+size_t RoundDownTo(size_t v, size_t m) { return v / m * m; }
+}  // namespace
+
+void BFCAllocator::LmsInit() {
+  lms_ = dynamic_cast<LmsVirtualMemSubAllocator*>(sub_allocator_.get());
+  if (lms_ == nullptr) {
+    LOG(WARNING) << "Large Model Support was requested for allocator "
+                 << name_
+                 << " but its sub-allocator is not page-mapped "
+                    "(LmsVirtualMemSubAllocator); LMS stays off.";
+    return;
+  }
+  mutex_lock l(lock_);
+  lms_stats_.enabled = true;
+  lms_stats_.defrag_enabled = opts_.lms_defrag_enabled;
+  LOG(INFO) << "Large Model Support enabled for " << name_ << " (device limit "
+            << strings::HumanReadableNumBytes(lms_->device_bytes_limit())
+            << ", host swap limit "
+            << strings::HumanReadableNumBytes(lms_->host_bytes_limit())
+            << ", defrag " << (opts_.lms_defrag_enabled ? "on" : "off")
+            << ", pages of "
+            << strings::HumanReadableNumBytes(lms_->page_size()) << " via "
+            << lms_->backend_name() << ")";
+}
+
+uint64 BFCAllocator::LmsRecency(ChunkHandle h) {
+  const Chunk* c = ChunkFromHandle(h);
+  uint64 r = static_cast<uint64>(c->allocation_id);
+  auto it = lms_touched_.find(c->ptr);
+  if (it != lms_touched_.end()) r = std::max(r, it->second);
+  return r;
+}
+
+bool BFCAllocator::LmsCanBack(const Chunk* free_chunk, size_t rounded_bytes) {
+  // With LMS, FindChunkPtr splits off any remainder of a page or more, so the
+  // chunk handed out is shorter than rounded_bytes + one page.
+  const size_t bytes =
+      std::min(free_chunk->size, rounded_bytes + lms_->page_size());
+  const size_t need = lms_->CountPages(
+      free_chunk->ptr, bytes, LmsVirtualMemSubAllocator::PageState::kUnbacked);
+  return need <= lms_->DevicePagesAvailable();
+}
+
+void BFCAllocator::LmsPrepareChunk(ChunkHandle h) {
+  Chunk* c = ChunkFromHandle(h);
+  Status s = lms_->BackRange(c->ptr, c->size);
+  // LmsCanBack() was checked with the lock held: this only fails on driver
+  // errors, and then the memory is not usable at all.
+  CHECK(s.ok()) << "LMS: " << s;
+  if (lms_->DevicePagesAvailable() > 0 &&
+      lms_->CountPages(c->ptr, c->size,
+                       LmsVirtualMemSubAllocator::PageState::kHost) > 0) {
+    // Pages shared with spilled neighbours: bring them back while we can.
+    lms_->Quiesce();
+    size_t n = 0;
+    s = lms_->FetchRange(c->ptr, c->size, &n);
+    if (!s.ok()) LOG(ERROR) << "LMS: swap-in failed: " << s;
+    lms_stats_.bytes_swapped_in += n * lms_->page_size();
+    lms_stats_.num_swap_ins += n;
+  }
+}
+
+BFCAllocator::ChunkHandle BFCAllocator::LmsBestFit(size_t rounded_bytes) {
+  for (BinNum b = BinNumForSize(rounded_bytes); b < kNumBins; ++b) {
+    for (ChunkHandle h : BinFromIndex(b)->free_chunks) {
+      if (ChunkFromHandle(h)->size >= rounded_bytes) return h;
+    }
+  }
+  return kInvalidChunkHandle;
+}
+
+size_t BFCAllocator::LmsReleaseFreePages(size_t want_pages, size_t below_bytes,
+                                         ChunkHandle keep) {
+  const size_t ps = lms_->page_size();
+  size_t released = 0;
+  for (const AllocationRegion& region : region_manager_.regions()) {
+    ChunkHandle h = region_manager_.get_handle(region.ptr());
+    while (h != kInvalidChunkHandle && released < want_pages) {
+      const Chunk* c = ChunkFromHandle(h);
+      if (!c->in_use() && c->size < below_bytes && h != keep) {
+        const uintptr_t b = reinterpret_cast<uintptr_t>(c->ptr);
+        const uintptr_t lo = RoundUpTo(b, ps);
+        const uintptr_t hi = RoundDownTo(b + c->size, ps);
+        if (hi > lo) {
+          size_t host_released = 0;
+          released += lms_->ReleaseRange(reinterpret_cast<void*>(lo), hi - lo,
+                                         &host_released);
+        }
+      }
+      h = c->next;
+    }
+  }
+  return released;
+}
+
+Status BFCAllocator::LmsSpillLru(size_t need_pages) {
+  std::vector<std::pair<uint64, ChunkHandle>> victims;
+  for (const AllocationRegion& region : region_manager_.regions()) {
+    ChunkHandle h = region_manager_.get_handle(region.ptr());
+    while (h != kInvalidChunkHandle) {
+      const Chunk* c = ChunkFromHandle(h);
+      if (c->in_use() &&
+          lms_->CountPages(c->ptr, c->size,
+                           LmsVirtualMemSubAllocator::PageState::kDevice) > 0) {
+        victims.emplace_back(LmsRecency(h), h);
+      }
+      h = c->next;
+    }
+  }
+  std::sort(victims.begin(), victims.end());
+  for (const auto& v : victims) {
+    if (lms_->DevicePagesAvailable() >= need_pages) break;
+    const Chunk* c = ChunkFromHandle(v.second);
+    size_t n = 0;
+    Status s = lms_->SpillRange(c->ptr, c->size, &n);
+    lms_stats_.bytes_swapped_out += n * lms_->page_size();
+    lms_stats_.num_swap_outs += n;
+    if (!s.ok()) return s;
+  }
+  return OkStatus();
+}
+
+bool BFCAllocator::LmsExtendExact(size_t bytes) {
+  // Extend() grows by curr_region_allocation_bytes_; ask for exactly 'bytes'.
+  const size_t saved = curr_region_allocation_bytes_;
+  curr_region_allocation_bytes_ = bytes;
+  const bool ok = Extend(lms_->page_size(), bytes);
+  curr_region_allocation_bytes_ = saved;
+  return ok;
+}
+
+void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
+                                    size_t num_bytes, uint64 freed_before) {
+  const size_t ps = lms_->page_size();
+  const size_t region_bytes = RoundUpTo(rounded_bytes, ps);
+  const size_t need = region_bytes / ps;
+  // Pages are about to be copied or unmapped: let queued device work finish.
+  lms_->Quiesce();
+
+  const int64_t swapped_before = lms_stats_.bytes_swapped_out;
+  bool defragged = false;
+  Status spill_status;
+  void* ptr = nullptr;
+  // Makes 'want' device pages available: (defrag) unmaps the device pages
+  // under free chunks other than 'target', fragments too small for this
+  // request first; then spills the least recently used allocations.
+  auto make_room = [&](size_t want, ChunkHandle target) {
+    if (opts_.lms_defrag_enabled && lms_->DevicePagesAvailable() < want) {
+      size_t released = LmsReleaseFreePages(
+          want - lms_->DevicePagesAvailable(), rounded_bytes, target);
+      if (lms_->DevicePagesAvailable() < want) {
+        released += LmsReleaseFreePages(want - lms_->DevicePagesAvailable(),
+                                        SIZE_MAX, target);
+      }
+      if (released > 0) {
+        if (!defragged) ++lms_stats_.num_defrag_events;
+        defragged = true;
+        lms_stats_.bytes_defragmented += released * ps;
+      }
+    }
+    if (lms_->DevicePagesAvailable() < want) {
+      spill_status = LmsSpillLru(want);
+    }
+    return lms_->DevicePagesAvailable() >= want;
+  };
+  // Each round picks the placement FindChunkPtr will use (the best fitting
+  // free chunk, or a new region at the end of the address range), makes
+  // room for the device pages it lacks, and allocates.
+  for (int round = 0; ptr == nullptr && round < 4; ++round) {
+    const ChunkHandle target = LmsBestFit(rounded_bytes);
+    if (target == kInvalidChunkHandle) {
+      if (!make_room(need, kInvalidChunkHandle) ||
+          !LmsExtendExact(region_bytes)) {
+        break;
+      }
+      continue;  // The new region may have merged with a free chunk.
+    }
+    const Chunk* c = ChunkFromHandle(target);
+    const size_t want = lms_->CountPages(
+        c->ptr, std::min(c->size, rounded_bytes + ps),
+        LmsVirtualMemSubAllocator::PageState::kUnbacked);
+    if (!make_room(want, target)) break;
+    ptr = FindChunkPtr(bin_num, rounded_bytes, num_bytes, freed_before);
+  }
+
+  if (ptr != nullptr) {
+    ++lms_stats_.num_reclaims;
+    VLOG(1) << "LMS served " << strings::HumanReadableNumBytes(num_bytes)
+            << " on " << name_ << " (swapped out "
+            << strings::HumanReadableNumBytes(lms_stats_.bytes_swapped_out -
+                                              swapped_before)
+            << (defragged ? ", defragmented" : "") << ")";
+    AddTraceMe("MemoryAllocation", ptr);
+    return ptr;
+  }
+
+  // Failure: explain what would have helped.
+  ++lms_stats_.num_failures;
+  int64_t free_bytes = 0, largest_free = 0, free_chunks = 0;
+  for (const AllocationRegion& region : region_manager_.regions()) {
+    ChunkHandle h = region_manager_.get_handle(region.ptr());
+    while (h != kInvalidChunkHandle) {
+      const Chunk* c = ChunkFromHandle(h);
+      if (!c->in_use()) {
+        free_bytes += c->size;
+        largest_free = std::max<int64_t>(largest_free, c->size);
+        ++free_chunks;
+      }
+      h = c->next;
+    }
+  }
+  std::string msg = strings::StrCat(
+      "Large Model Support could not serve ",
+      strings::HumanReadableNumBytes(num_bytes), " on ", name_,
+      " (device pages available: ", lms_->DevicePagesAvailable(), " of ",
+      lms_->device_bytes_limit() / ps, ", needed: ", need,
+      ", in use: ", strings::HumanReadableNumBytes(stats_.bytes_in_use),
+      ", pool: ", strings::HumanReadableNumBytes(*stats_.pool_bytes), ").");
+  if (!spill_status.ok() && errors::IsResourceExhausted(spill_status)) {
+    const size_t missing_pages =
+        need > lms_->DevicePagesAvailable()
+            ? need - lms_->DevicePagesAvailable()
+            : 0;
+    const size_t limit_mb = lms_->host_bytes_limit() >> 20;
+    size_t suggest_mb = limit_mb + ((missing_pages * ps + (1 << 20) - 1) >> 20);
+    suggest_mb = std::max<size_t>(RoundUpTo(suggest_mb, 1024),
+                                  std::max<size_t>(limit_mb * 2, 1024));
+    strings::StrAppend(
+        &msg, " The host swap space is full: ",
+        strings::HumanReadableNumBytes(lms_->host_pages_mapped() * ps),
+        " of device memory is already swapped out to host memory and the "
+        "limit is TF_GPU_HOST_MEM_LIMIT_IN_MB=",
+        limit_mb, ". Set the environment variable TF_GPU_HOST_MEM_LIMIT_IN_MB=",
+        suggest_mb, " (or larger) to allow more host memory for swapping.");
+  } else if (!spill_status.ok()) {
+    strings::StrAppend(&msg, " Swapping failed: ", spill_status.ToString());
+  }
+  if (!opts_.lms_defrag_enabled && free_bytes >= (int64_t)rounded_bytes) {
+    strings::StrAppend(
+        &msg, " The memory is fragmented: ",
+        strings::HumanReadableNumBytes(free_bytes), " are free in ",
+        free_chunks, " chunks, the largest being ",
+        strings::HumanReadableNumBytes(largest_free),
+        ". Enable LMS defragmentation with "
+        "tf.config.experimental.set_lms_defrag_enabled(True) (or "
+        "gpu_options.experimental.lms_defrag_enabled = True in the session "
+        "ConfigProto): free device pages are then remapped into a contiguous "
+        "range, no tensor is moved.");
+  }
+  lms_last_error_ = msg;
+  LOG(WARNING) << msg;
+  return nullptr;
+}
+
+void BFCAllocator::LmsOnFree(const void* freed_ptr, ChunkHandle h) {
+  lms_touched_.erase(freed_ptr);
+  if (lms_->host_pages_mapped() == 0) return;
+  const size_t ps = lms_->page_size();
+  const Chunk* c = ChunkFromHandle(h);
+  const uintptr_t b = reinterpret_cast<uintptr_t>(c->ptr);
+  const uintptr_t lo = RoundUpTo(b, ps);
+  const uintptr_t hi = RoundDownTo(b + c->size, ps);
+  if (hi <= lo) return;
+  // Queued work may still read the freed memory (stream ordered frees).
+  lms_->Quiesce();
+  size_t host_released = 0;
+  lms_->ReleaseRange(reinterpret_cast<void*>(lo), hi - lo, &host_released);
+  // Spilled data has priority over cached free device memory: release the
+  // device pages under other free chunks too, then bring data back.
+  if (lms_->host_pages_mapped() > lms_->DevicePagesAvailable()) {
+    LmsReleaseFreePages(
+        lms_->host_pages_mapped() - lms_->DevicePagesAvailable(), SIZE_MAX,
+        kInvalidChunkHandle);
+  }
+  LmsFetchMru();
+  // Keep a small host pool for the next spill; give the rest back.
+  lms_->TrimHostPool(lms_->device_bytes_limit() / ps / 8);
+}
+
+void BFCAllocator::LmsFetchMru() {
+  if (lms_->host_pages_mapped() == 0 || lms_->DevicePagesAvailable() == 0) {
+    return;
+  }
+  std::vector<std::pair<uint64, ChunkHandle>> spilled;
+  for (const AllocationRegion& region : region_manager_.regions()) {
+    ChunkHandle h = region_manager_.get_handle(region.ptr());
+    while (h != kInvalidChunkHandle) {
+      const Chunk* c = ChunkFromHandle(h);
+      if (c->in_use() &&
+          lms_->CountPages(c->ptr, c->size,
+                           LmsVirtualMemSubAllocator::PageState::kHost) > 0) {
+        spilled.emplace_back(LmsRecency(h), h);
+      }
+      h = c->next;
+    }
+  }
+  std::sort(spilled.rbegin(), spilled.rend());
+  for (const auto& v : spilled) {
+    if (lms_->DevicePagesAvailable() == 0) break;
+    const Chunk* c = ChunkFromHandle(v.second);
+    size_t n = 0;
+    Status s = lms_->FetchRange(c->ptr, c->size, &n);
+    lms_stats_.bytes_swapped_in += n * lms_->page_size();
+    lms_stats_.num_swap_ins += n;
+    if (!s.ok()) {
+      LOG(ERROR) << "LMS: swap-in failed: " << s;
+      break;
+    }
+  }
+}
+
+void BFCAllocator::LmsTouch(const void* ptr) {
+  if (lms_ == nullptr || ptr == nullptr) return;
+  mutex_lock l(lock_);
+  ChunkHandle h = region_manager_.get_handle(ptr);
+  if (h == kInvalidChunkHandle) return;
+  Chunk* c = ChunkFromHandle(h);
+  if (!c->in_use()) return;
+  lms_touched_[c->ptr] = static_cast<uint64>(next_allocation_id_++);
+  if (lms_->DevicePagesAvailable() > 0 &&
+      lms_->CountPages(c->ptr, c->size,
+                       LmsVirtualMemSubAllocator::PageState::kHost) > 0) {
+    lms_->Quiesce();
+    size_t n = 0;
+    Status s = lms_->FetchRange(c->ptr, c->size, &n);
+    if (!s.ok()) LOG(ERROR) << "LMS: swap-in failed: " << s;
+    lms_stats_.bytes_swapped_in += n * lms_->page_size();
+    lms_stats_.num_swap_ins += n;
+  }
+}
+
+LmsStats BFCAllocator::GetLmsStats() {
+  mutex_lock l(lock_);
+  LmsStats s = lms_stats_;
+  if (lms_ != nullptr) {
+    const int64_t ps = lms_->page_size();
+    s.page_bytes = ps;
+    s.device_bytes_limit = lms_->device_bytes_limit();
+    s.device_bytes_mapped = lms_->device_pages_mapped() * ps;
+    s.device_bytes_reserved = lms_->device_pages_created() * ps;
+    s.host_bytes_limit = lms_->host_bytes_limit();
+    s.host_bytes_in_use = lms_->host_pages_mapped() * ps;
+    s.peak_host_bytes_in_use = lms_->peak_host_pages_mapped() * ps;
+    s.host_bytes_reserved = lms_->host_pages_created() * ps;
+  }
+  return s;
+}
+
+std::string BFCAllocator::LmsLastError() {
+  mutex_lock l(lock_);
+  return lms_last_error_;
+}
+
+void BFCAllocator::LmsAdjustStats(AllocatorStats* stats) {
+  // The pool of an LMS allocator is virtual: report the device limit.
+  stats->bytes_limit = static_cast<int64_t>(lms_->device_bytes_limit());
+}
+
+}  // namespace tsl

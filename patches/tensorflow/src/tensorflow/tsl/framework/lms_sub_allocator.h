@@ -1,0 +1,226 @@
+/* Copyright 2026 The LMS Project Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+// Large Model Support (LMS) for the BFC allocator: a page-mapped sub-allocator.
+//
+// The BFC allocator hands out pointers that the rest of TensorFlow keeps for
+// the lifetime of a tensor, so LMS never moves a tensor to another address.
+// Instead, the memory under a pointer is made of fixed-size physical pages
+// mapped into one large reserved virtual address range (CUDA VMM:
+// cuMemAddressReserve + cuMemCreate + cuMemMap).  Each page of that range is
+// either
+//   - kDevice:   backed by a device page (fast),
+//   - kHost:     backed by a host page mapped at the same virtual address
+//                (the data stays reachable at the same pointer, over the
+//                interconnect), or
+//   - kUnbacked: no physical memory (only ever inside free BFC chunks).
+//
+// Spilling ("swap out") copies a device page into a host page and remaps the
+// host page at the same address; bringing back ("swap in") does the reverse.
+// Defragmentation releases the device pages under free BFC chunks and maps
+// them at new addresses: no tensor is moved.
+//
+// The physical pages come from an LmsPageBackend: the CUDA VMM backend lives in
+// tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h; a host-only
+// backend (memfd "device" and "host" page pools remapped with mmap MAP_FIXED,
+// the same semantics on a machine without a GPU) is provided here for tests.
+
+#ifndef TENSORFLOW_TSL_FRAMEWORK_LMS_SUB_ALLOCATOR_H_
+#define TENSORFLOW_TSL_FRAMEWORK_LMS_SUB_ALLOCATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorflow/tsl/framework/allocator.h"
+#include "tensorflow/tsl/platform/status.h"
+
+namespace tsl {
+
+// Counters of the LMS machinery of one BFC allocator (see
+// BFCAllocator::GetLmsStats).
+struct LmsStats {
+  bool enabled = false;
+  bool defrag_enabled = false;
+  int64_t page_bytes = 0;              // Granularity of the page mapping.
+  int64_t device_bytes_limit = 0;      // Device memory LMS may map.
+  int64_t device_bytes_mapped = 0;     // Device pages mapped under pointers.
+  int64_t device_bytes_reserved = 0;   // Device pages created (incl. pooled).
+  int64_t host_bytes_limit = 0;        // TF_GPU_HOST_MEM_LIMIT_IN_MB.
+  int64_t host_bytes_in_use = 0;       // Host pages mapped under pointers.
+  int64_t peak_host_bytes_in_use = 0;
+  int64_t host_bytes_reserved = 0;     // Host pages created (incl. pooled).
+  int64_t bytes_swapped_out = 0;       // Device -> host page copies.
+  int64_t bytes_swapped_in = 0;        // Host -> device page copies.
+  int64_t num_swap_outs = 0;           // Pages spilled.
+  int64_t num_swap_ins = 0;            // Pages brought back.
+  int64_t num_reclaims = 0;            // Allocations served by the LMS slow path.
+  int64_t num_defrag_events = 0;       // Slow paths that remapped free pages.
+  int64_t bytes_defragmented = 0;      // Free device bytes remapped by defrag.
+  int64_t num_failures = 0;            // Requests LMS could not serve.
+
+  std::string DebugString() const;
+};
+
+// Physical pages that can be mapped into a reserved virtual address range.
+// All calls are made with the owning allocator's lock held.
+class LmsPageBackend {
+ public:
+  typedef uint64_t PageHandle;
+  virtual ~LmsPageBackend() = default;
+
+  virtual std::string Name() const = 0;
+  // Page size: every address and size handed to the backend is a multiple.
+  virtual size_t page_size() const = 0;
+  // Reserves 'bytes' of virtual address space without backing; nullptr on
+  // failure.
+  virtual void* ReserveAddressRange(size_t bytes) = 0;
+  virtual void ReleaseAddressRange(void* base, size_t bytes) = 0;
+  // Creates one physical page on the device (host == false) or in host memory
+  // that the device can access (host == true).
+  virtual Status CreatePage(bool host, PageHandle* handle) = 0;
+  virtual void DestroyPage(bool host, PageHandle handle) = 0;
+  // Maps 'handle' at 'va' (one page) with read/write access.
+  virtual Status Map(void* va, bool host, PageHandle handle) = 0;
+  // Removes the mapping of the page at 'va' (the address stays reserved).
+  virtual Status Unmap(void* va) = 0;
+  // Copies the 'n' pages now mapped at 'va' into the pages 'to' and maps
+  // those at 'va' in place of the old ones (which stay alive: the caller
+  // recycles them).  The contents at 'va' are the same before and after.
+  virtual Status Remap(void* va, size_t n, bool to_host,
+                       const std::vector<PageHandle>& to) = 0;
+  // Waits until no device work can still touch memory of this allocator.
+  virtual void Quiesce() {}
+  virtual AllocatorMemoryType GetMemoryType() const {
+    return AllocatorMemoryType::kDevice;
+  }
+};
+
+// Host-only backend: "device" and "host" pages are pages of two memfd files,
+// mapped with mmap(MAP_SHARED | MAP_FIXED).  Used where no GPU exists (tests,
+// CI): same pointer-stability and budget semantics as the CUDA VMM backend.
+std::unique_ptr<LmsPageBackend> CreatePosixLmsPageBackend(size_t page_size);
+
+// A SubAllocator for BFCAllocator over an LmsPageBackend.  Without LMS it
+// behaves like GpuVirtualMemAllocator (contiguous growth, coalescable regions)
+// and never maps more than 'device_bytes_limit' of device pages.  The BFC
+// allocator drives the LMS page operations below when LMS is enabled.
+class LmsVirtualMemSubAllocator : public SubAllocator {
+ public:
+  enum class PageState : uint8_t { kUnbacked = 0, kDevice = 1, kHost = 2 };
+
+  // 'va_bytes' of address space is reserved up front (cheap); at most
+  // 'device_bytes_limit' of device pages and 'host_bytes_limit' of host pages
+  // are ever created.  'index' is passed to the visitors (the GPU id).
+  static std::unique_ptr<LmsVirtualMemSubAllocator> Create(
+      std::unique_ptr<LmsPageBackend> backend, size_t va_bytes,
+      size_t device_bytes_limit, size_t host_bytes_limit,
+      const std::vector<Visitor>& alloc_visitors = {},
+      const std::vector<Visitor>& free_visitors = {}, int index = 0);
+  ~LmsVirtualMemSubAllocator() override;
+
+  // SubAllocator.  Alloc maps fresh device pages at the end of the used
+  // address range and fails (nullptr) when the device budget is exhausted.
+  void* Alloc(size_t alignment, size_t num_bytes,
+              size_t* bytes_received) override;
+  void Free(void* ptr, size_t num_bytes) override;
+  bool SupportsCoalescing() const override { return true; }
+  AllocatorMemoryType GetMemoryType() const override {
+    return backend_->GetMemoryType();
+  }
+
+  // ---- Page operations used by BFCAllocator (its lock held). ----
+  size_t page_size() const { return page_size_; }
+  // Device pages that can be mapped right now (pooled + not yet created).
+  size_t DevicePagesAvailable() const;
+  size_t HostPagesAvailable() const;
+  PageState StateOf(const void* va) const;
+  // Number of pages in [p, p + bytes) in the given state.
+  size_t CountPages(const void* p, size_t bytes, PageState state) const;
+  // Spills the device pages of [p, p + bytes) to host pages.  Stops with
+  // ResourceExhausted when the host budget is exhausted.
+  Status SpillRange(const void* p, size_t bytes, size_t* pages_spilled);
+  // Brings back host pages of [p, p + bytes) while device pages are
+  // available.
+  Status FetchRange(const void* p, size_t bytes, size_t* pages_fetched);
+  // Unmaps the pages of [p, p + bytes) (must hold no live data) and recycles
+  // their physical pages.  Returns the number of device pages released.
+  size_t ReleaseRange(const void* p, size_t bytes, size_t* host_released);
+  // Maps device pages under the unbacked pages of [p, p + bytes).  Fails when
+  // not enough device pages are available (nothing is mapped then).
+  Status BackRange(const void* p, size_t bytes);
+  // Quiesce the device before pages that may be in use are copied/unmapped.
+  void Quiesce() { backend_->Quiesce(); }
+
+  size_t device_bytes_limit() const { return device_limit_pages_ * page_size_; }
+  size_t host_bytes_limit() const { return host_limit_pages_ * page_size_; }
+  size_t device_pages_mapped() const { return device_mapped_; }
+  size_t host_pages_mapped() const { return host_mapped_; }
+  size_t peak_host_pages_mapped() const { return peak_host_mapped_; }
+  size_t device_pages_created() const { return device_created_; }
+  size_t host_pages_created() const { return host_created_; }
+  const std::string& backend_name() const { return backend_name_; }
+  const LmsPageBackend* backend() const { return backend_.get(); }
+  // True if 'p' lies in this allocator's reserved address range.
+  bool Owns(const void* p) const;
+
+  // Returns free pooled host pages to the system (keeps 'keep' pages).
+  void TrimHostPool(size_t keep);
+
+ private:
+  LmsVirtualMemSubAllocator(std::unique_ptr<LmsPageBackend> backend,
+                            char* base, size_t va_bytes,
+                            size_t device_bytes_limit, size_t host_bytes_limit,
+                            const std::vector<Visitor>& alloc_visitors,
+                            const std::vector<Visitor>& free_visitors,
+                            int index);
+  struct Page {
+    PageState state = PageState::kUnbacked;
+    LmsPageBackend::PageHandle handle = 0;
+  };
+  size_t PageIndex(const void* p) const;
+  // First and one-past-last page index overlapping [p, p + bytes).
+  void PageSpan(const void* p, size_t bytes, size_t* first,
+                size_t* last) const;
+  Status TakePage(bool host, LmsPageBackend::PageHandle* h);
+  void RecyclePage(bool host, LmsPageBackend::PageHandle h);
+  Status MapFresh(size_t index, bool host);
+
+  std::unique_ptr<LmsPageBackend> backend_;
+  const std::string backend_name_;
+  const size_t page_size_;
+  char* const base_;
+  const size_t va_bytes_;
+  const size_t device_limit_pages_;
+  const size_t host_limit_pages_;
+  const int index_;
+  size_t next_page_ = 0;  // First page never handed out by Alloc.
+  std::vector<Page> pages_;
+  std::vector<LmsPageBackend::PageHandle> device_pool_, host_pool_;
+  size_t device_created_ = 0, host_created_ = 0;
+  size_t device_mapped_ = 0, host_mapped_ = 0, peak_host_mapped_ = 0;
+
+  LmsVirtualMemSubAllocator(const LmsVirtualMemSubAllocator&) = delete;
+  void operator=(const LmsVirtualMemSubAllocator&) = delete;
+};
+
+// Reads TF_GPU_HOST_MEM_LIMIT_IN_MB (the variable upstream uses for the
+// gpu_host_bfc allocator); 'default_bytes' when unset or unparsable.
+size_t LmsHostMemLimitFromEnv(size_t default_bytes);
+
+}  // namespace tsl
+
+#endif  // TENSORFLOW_TSL_FRAMEWORK_LMS_SUB_ALLOCATOR_H_

@@ -1,0 +1,378 @@
+// Conformance tests of Large Model Support in TensorFlow's BFC allocator
+// (patches/tensorflow/src/tensorflow/tsl/framework/bfc_allocator_lms.cc).
+// Built with the patched allocator translation units of the v2.14.1 tree
+// against the official wheel's headers and libtensorflow_framework.so.2, on
+// the CPU (memfd page backend) and on a GPU (CUDA VMM page backend): see
+// build_tools/tf_allocator_build.
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "lms_test_support.h"
+#include "tensorflow/tsl/framework/bfc_allocator.h"
+#include "tensorflow/tsl/framework/lms_sub_allocator.h"
+#include "tensorflow/tsl/platform/logging.h"
+
+namespace tsl {
+namespace {
+
+using PageState = LmsVirtualMemSubAllocator::PageState;
+
+struct Fixture {
+  LmsVirtualMemSubAllocator* sub = nullptr;  // owned by 'bfc'
+  std::unique_ptr<BFCAllocator> bfc;
+};
+
+Fixture Make(size_t device, size_t host, bool lms, bool defrag,
+             bool allow_growth = true, bool garbage_collection = false) {
+  const size_t va = 8 * device + 2 * host;
+  auto sub = lms_test::MakeLmsSubAllocator(va, device, host);
+  CHECK(sub != nullptr);
+  Fixture f;
+  f.sub = sub.get();
+  BFCAllocator::Options o;
+  o.allow_growth = allow_growth;
+  o.allow_retry_on_failure = false;
+  o.garbage_collection = garbage_collection;
+  o.lms_enabled = lms;
+  o.lms_defrag_enabled = defrag;
+  // With LMS the pool is virtual: its limit is the address range; the device
+  // budget is enforced by the page-mapped sub-allocator.
+  f.bfc = std::make_unique<BFCAllocator>(std::move(sub), lms ? va : device,
+                                         "lms_test", o);
+  return f;
+}
+
+size_t Mismatches(void* p, size_t n, uint32_t seed) {
+  return lms_test::CountMismatches(p, n, seed);
+}
+
+// Parameters: allow_growth (TF's GPU default is false), garbage_collection
+// (TF's GPU default is true: TF_ENABLE_GPU_GARBAGE_COLLECTION).
+class LmsOversubscription
+    : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+// 2x the device budget, 16 allocations of 1/8 of it, served with LMS.
+TEST_P(LmsOversubscription, TwiceTheDeviceServedWithLmsBytesIntact) {
+  const size_t D = lms_test::DeviceBudget();
+  const bool allow_growth = std::get<0>(GetParam());
+  const bool gc = std::get<1>(GetParam());
+  Fixture f = Make(D, 2 * D, /*lms=*/true, /*defrag=*/false, allow_growth, gc);
+  ASSERT_TRUE(f.bfc->lms_enabled());
+  const size_t kChunk = D / 8;
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 16; ++i) {
+    void* p = f.bfc->AllocateRaw(64, kChunk);
+    ASSERT_NE(p, nullptr) << "allocation " << i << ": " << f.bfc->LmsLastError();
+    lms_test::Fill(p, kChunk, 1000 + i);
+    ptrs.push_back(p);
+  }
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(Mismatches(ptrs[i], kChunk, 1000 + i), 0u) << "allocation " << i;
+  }
+  LmsStats ls = f.bfc->GetLmsStats();
+  LOG(INFO) << "after 2x allocation:\n" << ls.DebugString();
+  EXPECT_LE(ls.device_bytes_mapped, static_cast<int64_t>(D));
+  EXPECT_LE(ls.device_bytes_reserved, static_cast<int64_t>(D));
+  EXPECT_GE(ls.host_bytes_in_use + ls.device_bytes_mapped,
+            static_cast<int64_t>(2 * D));
+  EXPECT_GE(ls.bytes_swapped_out, static_cast<int64_t>(D) - ls.page_bytes * 2);
+  EXPECT_GE(ls.num_reclaims, 1);
+  EXPECT_EQ(ls.num_failures, 0);
+  // The oldest allocation was the first victim (LRU).
+  EXPECT_EQ(f.sub->StateOf(ptrs[0]), PageState::kHost);
+  EXPECT_EQ(f.sub->StateOf(ptrs[15]), PageState::kDevice);
+
+  absl::optional<AllocatorStats> st = f.bfc->GetStats();
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->bytes_in_use, static_cast<int64_t>(2 * D));
+  EXPECT_EQ(st->peak_bytes_in_use, static_cast<int64_t>(2 * D));
+  EXPECT_EQ(st->num_allocs, 16);
+  EXPECT_EQ(st->largest_alloc_size, static_cast<int64_t>(kChunk));
+  EXPECT_EQ(*st->bytes_limit, static_cast<int64_t>(D));
+
+  // Free the 8 newest: the device pages they free bring the spilled back.
+  for (int i = 15; i >= 8; --i) {
+    EXPECT_EQ(Mismatches(ptrs[i], kChunk, 1000 + i), 0u);
+    f.bfc->DeallocateRaw(ptrs[i]);
+  }
+  ls = f.bfc->GetLmsStats();
+  LOG(INFO) << "after freeing half:\n" << ls.DebugString();
+  EXPECT_GE(ls.bytes_swapped_in, static_cast<int64_t>(D) - ls.page_bytes * 2);
+  EXPECT_EQ(ls.host_bytes_in_use, 0);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(f.sub->StateOf(ptrs[i]), PageState::kDevice) << i;
+    EXPECT_EQ(Mismatches(ptrs[i], kChunk, 1000 + i), 0u) << "allocation " << i;
+    f.bfc->DeallocateRaw(ptrs[i]);
+  }
+  EXPECT_EQ(f.bfc->GetStats()->bytes_in_use, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllowGrowthAndGc, LmsOversubscription,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Bool()));
+
+// Same allocator and sub-allocator without LMS: the device budget is a hard
+// limit and the request for 2x is refused.
+TEST(LmsBfc, TwiceTheDeviceRefusedWithoutLms) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, 2 * D, /*lms=*/false, /*defrag=*/false);
+  ASSERT_FALSE(f.bfc->lms_enabled());
+  const size_t kChunk = D / 8;
+  std::vector<void*> ptrs;
+  size_t served = 0;
+  for (int i = 0; i < 16; ++i) {
+    void* p = f.bfc->AllocateRaw(64, kChunk);
+    if (p == nullptr) break;
+    lms_test::Fill(p, kChunk, i);
+    ptrs.push_back(p);
+    served += kChunk;
+  }
+  LOG(INFO) << "without LMS served " << served << " of " << 2 * D;
+  EXPECT_LE(served, D);
+  EXPECT_LT(ptrs.size(), 16u);
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    EXPECT_EQ(Mismatches(ptrs[i], kChunk, i), 0u);
+    f.bfc->DeallocateRaw(ptrs[i]);
+  }
+}
+
+// Spilled data stays readable and writable at the same pointer and comes
+// back to the device when memory is freed.
+TEST(LmsBfc, SpilledDataUsableInPlaceAndBroughtBack) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, D, true, false);
+  const size_t half = D / 2;
+  void* a = f.bfc->AllocateRaw(64, half);
+  void* b = f.bfc->AllocateRaw(64, half);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  lms_test::Fill(a, half, 1);
+  lms_test::Fill(b, half, 2);
+  void* c = f.bfc->AllocateRaw(64, half);
+  ASSERT_NE(c, nullptr) << f.bfc->LmsLastError();
+  lms_test::Fill(c, half, 3);
+  EXPECT_EQ(f.sub->CountPages(a, half, PageState::kHost),
+            half / f.sub->page_size());
+  EXPECT_EQ(f.sub->StateOf(b), PageState::kDevice);
+  // Read and rewrite 'a' where it lies now (host pages, same address).
+  EXPECT_EQ(Mismatches(a, half, 1), 0u);
+  lms_test::Fill(a, half, 11);
+  EXPECT_EQ(Mismatches(a, half, 11), 0u);
+  f.bfc->DeallocateRaw(c);
+  EXPECT_EQ(f.sub->StateOf(a), PageState::kDevice);
+  EXPECT_EQ(Mismatches(a, half, 11), 0u);
+  EXPECT_EQ(Mismatches(b, half, 2), 0u);
+  LmsStats ls = f.bfc->GetLmsStats();
+  EXPECT_EQ(ls.bytes_swapped_out, static_cast<int64_t>(half));
+  EXPECT_EQ(ls.bytes_swapped_in, static_cast<int64_t>(half));
+  EXPECT_EQ(ls.host_bytes_in_use, 0);
+  EXPECT_EQ(ls.peak_host_bytes_in_use, static_cast<int64_t>(half));
+  f.bfc->DeallocateRaw(a);
+  f.bfc->DeallocateRaw(b);
+}
+
+// LmsTouch makes an allocation the most recently used: the other one is
+// spilled instead.
+TEST(LmsBfc, TouchChangesTheVictim) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, D, true, false);
+  const size_t half = D / 2;
+  void* a = f.bfc->AllocateRaw(64, half);
+  void* b = f.bfc->AllocateRaw(64, half);
+  lms_test::Fill(a, half, 1);
+  lms_test::Fill(b, half, 2);
+  f.bfc->LmsTouch(a);
+  void* c = f.bfc->AllocateRaw(64, half);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(f.sub->StateOf(a), PageState::kDevice);
+  EXPECT_EQ(f.sub->StateOf(b), PageState::kHost);
+  EXPECT_EQ(Mismatches(a, half, 1), 0u);
+  EXPECT_EQ(Mismatches(b, half, 2), 0u);
+  f.bfc->DeallocateRaw(a);
+  f.bfc->DeallocateRaw(b);
+  f.bfc->DeallocateRaw(c);
+}
+
+// Fills the device with one-page allocations and frees every other one: the
+// free memory is fragmented into single pages.
+std::vector<void*> Fragment(Fixture* f, size_t D) {
+  const size_t ps = f->sub->page_size();
+  std::vector<void*> ptrs;
+  for (size_t i = 0; i < D / ps; ++i) {
+    void* p = f->bfc->AllocateRaw(64, ps);
+    CHECK(p != nullptr) << i;
+    lms_test::Fill(p, ps, 500 + i);
+    ptrs.push_back(p);
+  }
+  CHECK_EQ(f->sub->DevicePagesAvailable(), 0u) << "device not full";
+  for (size_t i = 0; i < ptrs.size(); i += 2) {
+    f->bfc->DeallocateRaw(ptrs[i]);
+    ptrs[i] = nullptr;
+  }
+  return ptrs;
+}
+
+// Defragmentation: the request is served from remapped free pages; nothing is
+// swapped out and no live allocation moves.
+TEST(LmsBfc, DefragRemapsFreePagesWithoutMovingTensors) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, /*host=*/0, true, /*defrag=*/true);
+  const size_t ps = f.sub->page_size();
+  std::vector<void*> ptrs = Fragment(&f, D);
+  const size_t big = 4 * ps;
+  void* p = f.bfc->AllocateRaw(64, big);
+  ASSERT_NE(p, nullptr) << f.bfc->LmsLastError();
+  lms_test::Fill(p, big, 77);
+  // And the released single pages are usable again.
+  void* q = f.bfc->AllocateRaw(64, ps);
+  ASSERT_NE(q, nullptr) << f.bfc->LmsLastError();
+  lms_test::Fill(q, ps, 78);
+  LmsStats ls = f.bfc->GetLmsStats();
+  LOG(INFO) << "defrag:\n" << ls.DebugString();
+  EXPECT_EQ(ls.bytes_swapped_out, 0);
+  EXPECT_GE(ls.num_defrag_events, 1);
+  EXPECT_GE(ls.bytes_defragmented, static_cast<int64_t>(big));
+  EXPECT_LE(ls.device_bytes_mapped, static_cast<int64_t>(D));
+  for (size_t i = 1; i < ptrs.size(); i += 2) {
+    EXPECT_EQ(Mismatches(ptrs[i], ps, 500 + i), 0u) << i;
+  }
+  EXPECT_EQ(Mismatches(p, big, 77), 0u);
+  EXPECT_EQ(Mismatches(q, ps, 78), 0u);
+}
+
+// Without defrag (and no host swap space) the fragmentation case fails with
+// the hint to enable defragmentation.
+TEST(LmsBfc, FragmentationWithoutDefragHintsToEnableIt) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, /*host=*/0, true, /*defrag=*/false);
+  const size_t ps = f.sub->page_size();
+  std::vector<void*> ptrs = Fragment(&f, D);
+  EXPECT_EQ(f.bfc->AllocateRaw(64, 4 * ps), nullptr);
+  const std::string err = f.bfc->LmsLastError();
+  LOG(INFO) << "error: " << err;
+  EXPECT_NE(err.find("fragmented"), std::string::npos) << err;
+  EXPECT_NE(err.find("tf.config.experimental.set_lms_defrag_enabled(True)"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("lms_defrag_enabled"), std::string::npos) << err;
+  EXPECT_EQ(f.bfc->GetLmsStats().num_failures, 1);
+}
+
+// Without defrag but with host swap space: served by spilling instead.
+TEST(LmsBfc, FragmentationWithoutDefragIsServedBySpilling) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, D, true, false);
+  const size_t ps = f.sub->page_size();
+  std::vector<void*> ptrs = Fragment(&f, D);
+  void* p = f.bfc->AllocateRaw(64, 4 * ps);
+  ASSERT_NE(p, nullptr) << f.bfc->LmsLastError();
+  EXPECT_GE(f.bfc->GetLmsStats().bytes_swapped_out,
+            static_cast<int64_t>(4 * ps));
+  for (size_t i = 1; i < ptrs.size(); i += 2) {
+    EXPECT_EQ(Mismatches(ptrs[i], ps, 500 + i), 0u) << i;
+  }
+}
+
+// Host swap space is bounded by TF_GPU_HOST_MEM_LIMIT_IN_MB; reaching it
+// gives an error naming the variable and a value to try.
+TEST(LmsBfc, HostLimitErrorNamesTheVariable) {
+  const size_t D = lms_test::DeviceBudget();
+  const size_t limit_mb = (D / 2) >> 20;
+  setenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", std::to_string(limit_mb).c_str(), 1);
+  const size_t host = LmsHostMemLimitFromEnv(size_t{1} << 36);
+  unsetenv("TF_GPU_HOST_MEM_LIMIT_IN_MB");
+  ASSERT_EQ(host, limit_mb << 20);
+  Fixture f = Make(D, host, true, false);
+  const size_t kChunk = D / 8;
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 16; ++i) {
+    void* p = f.bfc->AllocateRaw(64, kChunk);
+    if (p == nullptr) break;
+    lms_test::Fill(p, kChunk, 900 + i);
+    ptrs.push_back(p);
+  }
+  EXPECT_EQ(ptrs.size(), 12u);  // D on the device + D/2 on the host.
+  const std::string err = f.bfc->LmsLastError();
+  LOG(INFO) << "error: " << err;
+  EXPECT_NE(err.find("TF_GPU_HOST_MEM_LIMIT_IN_MB=" + std::to_string(limit_mb)),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("Set the environment variable TF_GPU_HOST_MEM_LIMIT_IN_MB="),
+            std::string::npos)
+      << err;
+  LmsStats ls = f.bfc->GetLmsStats();
+  EXPECT_EQ(ls.host_bytes_in_use, static_cast<int64_t>(host));
+  EXPECT_EQ(ls.num_failures, 1);
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    EXPECT_EQ(Mismatches(ptrs[i], kChunk, 900 + i), 0u) << i;
+  }
+}
+
+// Random allocations and frees up to ~1.75x the device: every byte checked.
+TEST(LmsBfc, RandomWorkloadBytesIntact) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, 2 * D, true, /*defrag=*/true);
+  std::mt19937_64 rng(1234);
+  struct Live {
+    void* p;
+    size_t n;
+    uint32_t seed;
+  };
+  std::vector<Live> live;
+  size_t live_bytes = 0;
+  const int kOps = lms_test::BackendKind() == "cpu" ? 600 : 400;
+  for (int op = 0; op < kOps; ++op) {
+    const bool alloc = live.empty() || (live_bytes < D * 7 / 4 && rng() % 3 != 0);
+    if (alloc) {
+      const size_t n = ((rng() % (D / 6)) + 1024) & ~size_t{3};
+      void* p = f.bfc->AllocateRaw(64, n);
+      ASSERT_NE(p, nullptr) << "op " << op << ": " << f.bfc->LmsLastError();
+      lms_test::Fill(p, n, op);
+      live.push_back({p, n, static_cast<uint32_t>(op)});
+      live_bytes += n;
+    } else {
+      const size_t k = rng() % live.size();
+      ASSERT_EQ(Mismatches(live[k].p, live[k].n, live[k].seed), 0u) << op;
+      f.bfc->DeallocateRaw(live[k].p);
+      live_bytes -= live[k].n;
+      live[k] = live.back();
+      live.pop_back();
+    }
+    if (op % 100 == 99) {
+      for (const Live& l : live) {
+        ASSERT_EQ(Mismatches(l.p, l.n, l.seed), 0u) << "op " << op;
+      }
+    }
+  }
+  LmsStats ls = f.bfc->GetLmsStats();
+  LOG(INFO) << "random workload:\n" << ls.DebugString();
+  EXPECT_GT(ls.bytes_swapped_out, 0);
+  EXPECT_GT(ls.bytes_swapped_in, 0);
+  EXPECT_EQ(ls.num_failures, 0);
+  for (const Live& l : live) {
+    EXPECT_EQ(Mismatches(l.p, l.n, l.seed), 0u);
+    f.bfc->DeallocateRaw(l.p);
+  }
+  EXPECT_EQ(f.bfc->GetLmsStats().host_bytes_in_use, 0);
+  EXPECT_EQ(f.bfc->GetStats()->bytes_in_use, 0);
+}
+
+// An allocator whose sub-allocator is not page-mapped keeps LMS off.
+TEST(LmsBfc, PlainSubAllocatorKeepsLmsOff) {
+  BFCAllocator::Options o;
+  o.lms_enabled = true;
+  BFCAllocator a(lms_test::PlainSubAllocator(0), size_t{64} << 20, "plain", o);
+  EXPECT_FALSE(a.lms_enabled());
+  EXPECT_FALSE(a.GetLmsStats().enabled);
+  void* p = a.AllocateRaw(64, 1 << 20);
+  ASSERT_NE(p, nullptr);
+  a.DeallocateRaw(p);
+}
+
+}  // namespace
+}  // namespace tsl

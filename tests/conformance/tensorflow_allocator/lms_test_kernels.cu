@@ -1,0 +1,65 @@
+// Pattern kernels for the CUDA build of the LMS allocator conformance test.
+// No TensorFlow headers here (compiled by nvcc alone).
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_runtime.h>
+
+namespace {
+
+__device__ __forceinline__ uint32_t Pattern(uint32_t seed, size_t i) {
+  uint64_t x =
+      (static_cast<uint64_t>(seed) << 32) ^ (i * 0x9E3779B97F4A7C15ull);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return static_cast<uint32_t>(x);
+}
+
+__global__ void FillKernel(uint32_t* w, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    w[i] = Pattern(seed, i);
+  }
+}
+
+__global__ void CheckKernel(const uint32_t* w, size_t n, uint32_t seed,
+                            unsigned long long* bad) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    local += w[i] != Pattern(seed, i);
+  }
+  if (local) atomicAdd(bad, local);
+}
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    abort();
+  }
+}
+
+}  // namespace
+
+extern "C" void lms_test_fill(void* p, size_t bytes, uint32_t seed) {
+  const size_t n = bytes / 4;
+  if (n == 0) return;
+  FillKernel<<<512, 256>>>(static_cast<uint32_t*>(p), n, seed);
+  Check(cudaGetLastError(), "FillKernel launch");
+  Check(cudaDeviceSynchronize(), "FillKernel");
+}
+
+extern "C" size_t lms_test_count_mismatches(const void* p, size_t bytes,
+                                            uint32_t seed) {
+  const size_t n = bytes / 4;
+  if (n == 0) return 0;
+  static unsigned long long* bad = nullptr;
+  if (bad == nullptr) Check(cudaMalloc(&bad, sizeof(*bad)), "cudaMalloc");
+  Check(cudaMemset(bad, 0, sizeof(*bad)), "cudaMemset");
+  CheckKernel<<<512, 256>>>(static_cast<const uint32_t*>(p), n, seed, bad);
+  Check(cudaGetLastError(), "CheckKernel launch");
+  unsigned long long h = 0;
+  Check(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost), "CheckKernel");
+  return static_cast<size_t>(h);
+}

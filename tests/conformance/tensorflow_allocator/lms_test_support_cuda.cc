@@ -1,0 +1,86 @@
+#include <cstdlib>
+
+#include "lms_test_support.h"
+#include "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h"
+#include "tensorflow/tsl/platform/logging.h"
+#include "third_party/gpus/cuda/include/cuda.h"
+
+extern "C" void lms_test_fill(void* p, size_t bytes, uint32_t seed);
+extern "C" size_t lms_test_count_mismatches(const void* p, size_t bytes,
+                                            uint32_t seed);
+
+namespace lms_test {
+namespace {
+
+CUcontext PrimaryContext() {
+  static CUcontext ctx = [] {
+    CHECK_EQ(cuInit(0), CUDA_SUCCESS);
+    CUdevice dev;
+    CHECK_EQ(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    CUcontext c;
+    CHECK_EQ(cuDevicePrimaryCtxRetain(&c, dev), CUDA_SUCCESS);
+    CHECK_EQ(cuCtxSetCurrent(c), CUDA_SUCCESS);
+    return c;
+  }();
+  return ctx;
+}
+
+// Like DeviceMemAllocator: cuMemAlloc per region, no coalescing.
+class CuMemAllocSubAllocator : public tsl::SubAllocator {
+ public:
+  CuMemAllocSubAllocator() : tsl::SubAllocator({}, {}) {}
+  void* Alloc(size_t alignment, size_t num_bytes,
+              size_t* bytes_received) override {
+    if (num_bytes == 0) return nullptr;
+    cuCtxSetCurrent(PrimaryContext());
+    CUdeviceptr p;
+    if (cuMemAlloc(&p, num_bytes) != CUDA_SUCCESS) return nullptr;
+    *bytes_received = num_bytes;
+    return reinterpret_cast<void*>(p);
+  }
+  void Free(void* ptr, size_t num_bytes) override {
+    if (ptr != nullptr) cuMemFree(reinterpret_cast<CUdeviceptr>(ptr));
+  }
+  bool SupportsCoalescing() const override { return false; }
+  tsl::AllocatorMemoryType GetMemoryType() const override {
+    return tsl::AllocatorMemoryType::kDevice;
+  }
+};
+
+}  // namespace
+
+std::string BackendKind() { return "cuda"; }
+
+size_t DeviceBudget() {
+  const char* v = std::getenv("LMS_TEST_DEVICE_MB");
+  size_t mb = v ? std::strtoull(v, nullptr, 10) : 4096;
+  return mb << 20;
+}
+
+std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocator(
+    size_t va_bytes, size_t device_bytes, size_t host_bytes) {
+  auto backend = tensorflow::CreateGpuLmsPageBackend(PrimaryContext(), 0);
+  CHECK(backend.ok()) << backend.status();
+  return tsl::LmsVirtualMemSubAllocator::Create(std::move(backend).value(),
+                                                va_bytes, device_bytes,
+                                                host_bytes);
+}
+
+std::unique_ptr<tsl::SubAllocator> PlainSubAllocator(size_t) {
+  PrimaryContext();
+  return std::make_unique<CuMemAllocSubAllocator>();
+}
+
+std::unique_ptr<tsl::SubAllocator> VmmSubAllocator(size_t va_bytes) {
+  return MakeLmsSubAllocator(va_bytes, va_bytes, 0);
+}
+
+void Fill(void* p, size_t bytes, uint32_t seed) {
+  lms_test_fill(p, bytes, seed);
+}
+
+size_t CountMismatches(const void* p, size_t bytes, uint32_t seed) {
+  return lms_test_count_mismatches(p, bytes, seed);
+}
+
+}  // namespace lms_test

@@ -1,0 +1,66 @@
+"""GPU conformance of TensorFlow's BFC allocator with Large Model Support.
+
+Runs the standalone allocator program built for CUDA (VMM page backend: device
+pages and host-NUMA pages remapped at the same virtual addresses; patterns
+written and checked by GPU kernels).  Build it on the CPU machine and take it
+along (the GPU machine has no TensorFlow wheel and no internet):
+
+    python -m build_tools.tf_allocator_build --tree <LMS v2.14.1 tree> \\
+        --target cuda --bundle .device/tf
+
+then run with ``carry=[".device/tf"]``.  It holds TensorFlow's own
+gpu_bfc_allocator_test.cc (adapted for a standalone build, see
+build_tools/tf_allocator_build) and tests/conformance/tensorflow_allocator/
+lms_bfc_allocator_test.cc.
+"""
+
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+BUNDLE = Path(os.environ.get("TF_LMS_ALLOCATOR_BUNDLE", REPO / ".device" / "tf"))
+BINARY = BUNDLE / "tf_lms_allocator_test"
+
+MUST_PASS = [
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/0",
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/1",
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/2",
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/3",
+    "LmsBfc.TwiceTheDeviceRefusedWithoutLms",
+    "LmsBfc.SpilledDataUsableInPlaceAndBroughtBack",
+    "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
+    "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
+    "LmsBfc.HostLimitErrorNamesTheVariable",
+    "LmsBfc.RandomWorkloadBytesIntact",
+]
+
+
+def _results(xml: Path) -> dict:
+    out = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = f"{case.get('classname')}.{case.get('name')}"
+        failed = case.find("failure") is not None or case.find("error") is not None
+        out[name] = "failed" if failed else case.get("result", case.get("status"))
+    return out
+
+
+@pytest.mark.gpu
+def test_tensorflow_lms_allocator_on_gpu(tmp_path):
+    if not BINARY.exists():
+        pytest.skip(f"{BINARY} not built: run python -m build_tools.tf_allocator_build "
+                    "--target cuda --bundle .device/tf on the CPU machine")
+    xml = tmp_path / "gtest.xml"
+    r = subprocess.run([str(BINARY), f"--gtest_output=xml:{xml}"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=900, env={**os.environ, "LD_LIBRARY_PATH": str(BUNDLE)})
+    tail = "\n".join([l for l in r.stdout.splitlines() if l.startswith("[")][-80:])
+    assert r.returncode == 0, tail
+    res = _results(xml)
+    upstream = [n for n in res if n.startswith("GPUBFCAllocator") and ".DISABLED_" not in n]
+    assert len(upstream) >= 25, res
+    for name in upstream + MUST_PASS:
+        assert res.get(name) in ("completed", "run"), (name, res.get(name), tail)

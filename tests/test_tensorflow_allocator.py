@@ -1,0 +1,186 @@
+"""TensorFlow v2.14.1 BFC allocator with Large Model Support, on the CPU (CI).
+
+The LMS tree (tag + edit series + patches/tensorflow/src, the lms_tree fixture)
+is compiled without a TensorFlow build: its allocator translation units are
+built against the official tensorflow-cpu 2.14.1 wheel's headers and linked
+with its libtensorflow_framework.so.2 (downloaded once into .cache/), together
+with TensorFlow's own BFC allocator tests and the LMS conformance tests
+(build_tools/tf_allocator_build).  On the CPU the page backend maps memfd
+"device" and "host" pages with mmap(MAP_FIXED): same pointer-stability and
+budget semantics as the CUDA VMM backend (tests/conformance/
+tensorflow_allocator runs the same program on a GPU).
+
+Also: the config.proto edit compiles with protoc (and the C++ GPU wiring
+compiles against the regenerated header), and the Python edits work on stock
+tensorflow-cpu 2.14.1.
+
+Needs: g++, Debian libgtest-dev + libgmock-dev, protobuf-compiler; network
+once (pip download of the wheel; the Python check also pip-installs it into
+.cache/tf-venv).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from build_tools import tf_allocator_build as tab
+from build_tools.tf_allocator_build import python_overlay
+
+REPO = Path(__file__).resolve().parent.parent
+TAG = "v2.14.1"
+
+LMS_TESTS = [
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/0",
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/1",
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/2",
+    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/3",
+    "LmsBfc.TwiceTheDeviceRefusedWithoutLms",
+    "LmsBfc.SpilledDataUsableInPlaceAndBroughtBack",
+    "LmsBfc.TouchChangesTheVictim",
+    "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
+    "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
+    "LmsBfc.FragmentationWithoutDefragIsServedBySpilling",
+    "LmsBfc.HostLimitErrorNamesTheVariable",
+    "LmsBfc.RandomWorkloadBytesIntact",
+    "LmsBfc.PlainSubAllocatorKeepsLmsOff",
+]
+
+
+def _require_toolchain():
+    missing = [p for p in ("/usr/include/gtest/gtest.h", "/usr/include/gmock/gmock.h",
+                           "/usr/lib/x86_64-linux-gnu/libgtest.a") if not Path(p).exists()]
+    if missing or not shutil.which("g++"):
+        pytest.fail("the allocator build needs g++ and Debian's libgtest-dev + libgmock-dev "
+                    f"(missing: {missing or 'g++'})")
+
+
+@pytest.fixture(scope="module")
+def tree(lms_tree):
+    return lms_tree("tensorflow", TAG)
+
+
+def _gtest_results(xml: Path) -> dict:
+    out = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        out[f"{case.get('classname')}.{case.get('name')}"] = (
+            "failed" if failed else case.get("result", case.get("status")))
+    return out
+
+
+def test_upstream_bfc_test_adaptation_keeps_every_test(upstream_tree):
+    src = (upstream_tree("tensorflow", TAG) / tab.UPSTREAM_TEST).read_text()
+    adapted = tab.adapt_upstream_test(src)
+    for macro in ("TEST_P(", "TEST_F(", "INSTANTIATE_TEST_SUITE_P("):
+        assert adapted.count(macro) == src.count(macro), macro
+    assert "BM_Allocation" not in adapted and "stream_executor::" not in adapted
+    assert "lms_test::VmmSubAllocator" in adapted
+
+
+def test_allocator_conformance_cpu(tree, tmp_path):
+    """Upstream BFC tests + LMS conformance, built from the LMS tree only."""
+    _require_toolchain()
+    binary = tab.build(tree, "cpu", out=REPO / "build" / "tf_allocator" / "cpu-ci",
+                       overlay_src=None)
+    xml = tmp_path / "gtest.xml"
+    r = subprocess.run([str(binary), f"--gtest_output=xml:{xml}"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=900)
+    summary = "\n".join([l for l in r.stdout.splitlines() if l.startswith("[")][-60:])
+    assert r.returncode == 0, summary
+    res = _gtest_results(xml)
+    upstream = [n for n in res if n.startswith("GPUBFCAllocator") and ".DISABLED_" not in n]
+    # TensorFlow's own tests (25 on v2.14.1; parameterized ones on both
+    # sub-allocator kinds: plain and page-mapped).
+    assert len(upstream) >= 25, sorted(res)
+    for name in upstream + LMS_TESTS:
+        assert res.get(name) in ("completed", "run"), (name, res.get(name), summary)
+    # The messages users see.
+    assert "TF_GPU_HOST_MEM_LIMIT_IN_MB=" in r.stdout
+    assert "tf.config.experimental.set_lms_defrag_enabled(True)" in r.stdout
+
+
+def test_proto_edit_compiles_and_gpu_wiring_compiles(tree, tmp_path):
+    out = python_overlay.compile_proto(tree, tmp_path / "gen")
+    header = (out / "tensorflow/core/protobuf/config.pb.h").read_text()
+    assert "bool lms_enabled() const;" in header
+    assert "bool lms_defrag_enabled() const;" in header
+    cuda_h = tab.CUDA_HOME / "include" / "cuda.h"
+    if not cuda_h.exists():
+        pytest.skip(f"{cuda_h} missing: GPU wiring not syntax-checked")
+    _require_toolchain()
+    wheel = tab.ensure_wheel(tab.DEFAULT_CACHE) / "tensorflow" / "include"
+    for rel in ("tensorflow/core/common_runtime/gpu/gpu_lms_allocator.cc",
+                "tensorflow/core/common_runtime/gpu/gpu_process_state.cc",
+                "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"):
+        # Tree headers first for the LMS files, the regenerated config.pb.h,
+        # then the wheel's (generated protos, absl, ...), then the tree for
+        # headers the wheel does not ship (stream_executor/cuda).
+        cmd = ["g++", "-std=c++17", "-fsyntax-only", "-DGOOGLE_CUDA=1",
+               "-D_GLIBCXX_USE_CXX11_ABI=1", f"-I{out}", f"-I{tmp_path / 'ov'}",
+               f"-I{wheel}", f"-I{tab.CUDA_HOME / 'include'}", "-idirafter", str(tree),
+               str(tree / rel)]
+        ov = tmp_path / "ov"
+        for h in tab.TREE_HEADERS + ["tensorflow/core/common_runtime/gpu/gpu_lms_allocator.h"]:
+            (ov / h).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tree / h, ov / h)
+        link = ov / "third_party/gpus/cuda/include"
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(tab.CUDA_HOME / "include")
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        errors = [l for l in r.stdout.splitlines() if "error" in l]
+        assert r.returncode == 0 and not errors, (rel, errors[:10])
+
+
+CHECK = textwrap.dedent("""
+    import tensorflow as tf
+    from tensorflow.python.framework import config
+    from tensorflow.python.eager import context
+    from tensorflow.core.protobuf import config_pb2
+    assert tf.__version__ == "2.14.1", tf.__version__
+    assert config.__file__.startswith(OVERLAY), config.__file__
+    # Unset: the ConfigProto carries no LMS fields.
+    opts = context.context()._compute_gpu_options()
+    assert not opts.experimental.lms_enabled and "lms" not in str(opts), opts
+    assert config.get_lms_enabled() is False and config.get_lms_defrag_enabled() is False
+    config.set_lms_enabled(True)
+    config.set_lms_defrag_enabled(True)
+    assert config.get_lms_enabled() and config.get_lms_defrag_enabled()
+    gpu = context.context().config.gpu_options
+    assert gpu.experimental.lms_enabled and gpu.experimental.lms_defrag_enabled, gpu
+    cp = config_pb2.ConfigProto()
+    cp.gpu_options.experimental.lms_enabled = True
+    back = config_pb2.ConfigProto.FromString(cp.SerializeToString())
+    assert back.gpu_options.experimental.lms_enabled
+    tf.reduce_sum(tf.ones([4]))          # the context is initialized now
+    config.set_lms_enabled(True)         # no change: fine
+    try:
+        config.set_lms_enabled(False)
+        raise SystemExit("changing LMS after initialization must fail")
+    except RuntimeError as e:
+        assert "before the GPU devices are initialized" in str(e)
+    try:
+        config.get_memory_stats("CPU:0")
+        raise SystemExit("stock TF has no TFE_GetMemoryStats")
+    except NotImplementedError as e:
+        assert "not a Large Model Support build" in str(e)
+    print("LMS python API OK")
+""")
+
+
+def test_python_api_on_stock_tensorflow(tree, tmp_path):
+    """config.py/context.py of the LMS tree + config_pb2 regenerated from its
+    config.proto, imported into stock tensorflow-cpu 2.14.1."""
+    py = python_overlay.ensure_tf_python()
+    site = python_overlay.make_overlay(tree, tmp_path / "overlay", py)
+    r = subprocess.run([str(py), "-c", f"OVERLAY = {str(site)!r}\n" + CHECK],
+                       env={**os.environ, "PYTHONPATH": str(site), "TF_CPP_MIN_LOG_LEVEL": "2"},
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert r.returncode == 0 and "LMS python API OK" in r.stdout, r.stdout[-4000:]
