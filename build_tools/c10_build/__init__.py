@@ -1,0 +1,235 @@
+"""Build libc10.so / libc10_cuda.so of a PyTorch tree with CMake + ninja (LMS, issue 5).
+
+Two modes, one function (:func:`build_c10`):
+
+* **tree mode** (``wheel_root=None``): compile ``c10`` and ``c10/cuda`` of a (patched) PyTorch tree
+  into ``libc10.so`` and ``libc10_cuda.so``. Used by the CI compile check and the GPU conformance.
+  The Debian tree has ``third_party/`` stripped, so two outside dependencies are looked up:
+  ``fmt`` headers (c10 uses fmt header-only: ``fmt_include``, default: Debian ``libfmt-dev`` in
+  /usr/include, else an installed torch wheel's ``torch/include``) and ``cpuinfo`` (only
+  ``c10/core/thread_pool.cpp`` uses it: Debian ``libcpuinfo-dev``).
+* **wheel mode** (``wheel_root=<unpacked wheel>/torch``): compile only ``libc10_cuda.so`` from the
+  tree's ``c10/cuda`` against the official wheel's ``torch/include`` (c10 headers, generated
+  ``cmake_macros.h``, fmt) and link it to the wheel's own ``torch/lib/libc10.so``. This is what the
+  overlay build (build_tools/overlay) calls; pass the wheel's ``cxx11_abi`` and its CUDA headers.
+
+CUDA: ``cuda_home`` must hold ``include/cuda.h``, ``include/cuda_runtime_api.h`` and
+``lib/libcudart.so*`` or ``lib64/libcudart.so*`` (a toolkit such as /usr/local/cuda, or the unpacked
+``nvidia/cuda_runtime`` folder of ``nvidia-cuda-runtime-cu12==12.4.127``). ``c10/cuda/driver_api.h``
+also includes ``nvml.h``: from the toolkit, or ``nvidia-nvml-dev-cu12==12.4.127`` unpacked next to it.
+
+CLI: ``python -m build_tools.c10_build --help``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+from typing import Iterable, Sequence
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+class C10BuildError(RuntimeError):
+    """A build input is missing or the compiler failed (message says which)."""
+
+
+@dataclasses.dataclass
+class C10BuildResult:
+    build_dir: pathlib.Path
+    libraries: dict            # target name -> path of the built .so
+    tests: list                # paths of built gtest binaries (tests=True)
+    fmt_include: pathlib.Path | None
+    cuda_include: pathlib.Path
+    log: pathlib.Path          # full CMake + ninja output
+
+
+def find_fmt_include(extra: Iterable[os.PathLike] = ()) -> pathlib.Path | None:
+    """First directory holding fmt/format.h: ``extra``, /usr/include (libfmt-dev), an installed torch."""
+    cands = [pathlib.Path(p) for p in extra] + [pathlib.Path("/usr/include")]
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        cands.append(pathlib.Path(site) / "torch" / "include")
+    for c in cands:
+        if (c / "fmt" / "format.h").is_file():
+            return c
+    return None
+
+
+def find_nvml_include(cuda_home: pathlib.Path, nvml_include=None) -> pathlib.Path:
+    """Directory holding nvml.h (driver_api.h includes it): explicit, the toolkit, or the
+    ``nvidia/nvml_dev/include`` folder of ``nvidia-nvml-dev-cu12`` next to ``nvidia/cuda_runtime``."""
+    cands = ([pathlib.Path(nvml_include)] if nvml_include else []) + [
+        cuda_home / "include", cuda_home.parent / "nvml_dev" / "include",
+        cuda_home / "targets" / "x86_64-linux" / "include", pathlib.Path("/usr/local/cuda/include"),
+        pathlib.Path("/usr/include")]
+    for c in cands:
+        if (c / "nvml.h").is_file():
+            return c
+    raise C10BuildError(f"nvml.h not found (tried {', '.join(map(str, cands))}); "
+                        "pip download nvidia-nvml-dev-cu12 or pass nvml_include=")
+
+
+def find_cudart(cuda_home: pathlib.Path) -> pathlib.Path:
+    for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
+        hits = sorted(glob.glob(str(cuda_home / sub / "libcudart.so*")))
+        if hits:
+            return pathlib.Path(hits[0])
+    raise C10BuildError(f"no libcudart.so* under {cuda_home}/lib64 or lib")
+
+
+def build_c10(
+    tree: os.PathLike,
+    build_dir: os.PathLike,
+    *,
+    cuda_home: os.PathLike = "/usr/local/cuda",
+    targets: Sequence[str] = ("c10", "c10_cuda"),
+    wheel_root: os.PathLike | None = None,
+    cxx11_abi: int | None = None,
+    extra_flags: Sequence[str] = (),
+    fmt_include: os.PathLike | None = None,
+    cpuinfo: tuple | None = None,
+    nvml_include: os.PathLike | None = None,
+    tests: bool = False,
+    gtest_root: os.PathLike | None = None,
+    jobs: int | None = None,
+    build_type: str = "Release",
+    cxx_compiler_launcher: str | None = None,
+    c10_library: os.PathLike | None = None,
+    defines: Sequence[str] = (),
+    quiet: bool = True,
+) -> C10BuildResult:
+    """Configure and build c10 libraries of ``tree`` in ``build_dir``; return what was built.
+
+    Args:
+      tree: PyTorch source tree (the patched one), must contain ``c10/cuda/CUDACachingAllocator.cpp``.
+      build_dir: CMake binary dir (created; reused incrementally on a second call).
+      cuda_home: CUDA headers + libcudart (see module docstring).
+      targets: subset of ("c10", "c10_cuda"). In wheel mode only "c10_cuda" is allowed.
+      wheel_root: the ``torch/`` folder of an unpacked official wheel -> wheel mode: headers from
+        ``wheel_root/include``, link against ``wheel_root/lib/libc10.so``.
+      cxx11_abi: 0/1 for ``-D_GLIBCXX_USE_CXX11_ABI`` (must match the wheel; torch 2.6.0 wheels: 0).
+      extra_flags: added to CMAKE_CXX_FLAGS (e.g. the wheel's own ``-O2 -fno-omit-frame-pointer``).
+      fmt_include: directory holding ``fmt/format.h``; default: wheel include (wheel mode) or
+        :func:`find_fmt_include`.
+      cpuinfo: (include_dir, library) for c10's thread_pool.cpp; default Debian libcpuinfo-dev.
+      nvml_include: directory holding nvml.h (default: see :func:`find_nvml_include`).
+      tests: also build upstream's ``c10/cuda/test`` gtest binaries (needs nvcc and gtest).
+      gtest_root: googletest source dir or install prefix (default: find_package(GTest)).
+      jobs: ninja -j (default: CPU count).
+      cxx_compiler_launcher: e.g. "ccache" or "sccache" (compiler caching).
+      c10_library: tree mode with targets=("c10_cuda",): link against this already built libc10.so
+        (e.g. to build a pristine libc10_cuda.so next to a patched one for an ABI comparison).
+      defines: preprocessor definitions for every target incl. the gtests (C++ and CUDA), e.g.
+        ("USE_CUDA",) turns on CUDA device-side assertions (TORCH_USE_CUDA_DSA). Official wheels
+        compile c10_cuda WITHOUT USE_CUDA (CUDAKernelLaunchRegistry's layout depends on it), so
+        the overlay build must not pass it.
+    Raises:
+      C10BuildError with the tail of the build log when configuring or compiling fails.
+    """
+    tree = pathlib.Path(tree).resolve()
+    build_dir = pathlib.Path(build_dir).resolve()
+    cuda_home = pathlib.Path(cuda_home).resolve()
+    targets = tuple(targets)
+    unknown = set(targets) - {"c10", "c10_cuda"}
+    if unknown or not targets:
+        raise C10BuildError(f"targets must be a non-empty subset of ('c10', 'c10_cuda'), got {targets}")
+    if not (tree / "c10" / "cuda" / "CUDACachingAllocator.cpp").is_file():
+        raise C10BuildError(f"{tree} is not a PyTorch tree (no c10/cuda/CUDACachingAllocator.cpp)")
+    for tool in ("cmake", "ninja"):
+        if not shutil.which(tool):
+            raise C10BuildError(f"{tool} not found on PATH")
+
+    defs = {
+        "C10_TREE": str(tree),
+        "LMS_BUILD_C10": "ON" if "c10" in targets else "OFF",
+        "LMS_BUILD_C10_CUDA": "ON" if "c10_cuda" in targets else "OFF",
+        "LMS_BUILD_C10_CUDA_TESTS": "ON" if tests else "OFF",
+        "CMAKE_BUILD_TYPE": build_type,
+    }
+    if c10_library is not None and wheel_root is None:
+        if "c10" in targets:
+            raise C10BuildError("c10_library= is for building c10_cuda alone (targets=('c10_cuda',))")
+        defs["LMS_C10_LIBRARY"] = str(pathlib.Path(c10_library).resolve())
+    elif "c10" not in targets and wheel_root is None:
+        raise C10BuildError("building c10_cuda alone needs wheel_root= or c10_library=")
+    if wheel_root is not None:
+        wheel_root = pathlib.Path(wheel_root).resolve()
+        if "c10" in targets:
+            raise C10BuildError("wheel mode rebuilds c10_cuda only; libc10.so comes from the wheel")
+        inc, lib = wheel_root / "include", wheel_root / "lib" / "libc10.so"
+        if not (inc / "c10" / "macros" / "cmake_macros.h").is_file() or not lib.is_file():
+            raise C10BuildError(f"{wheel_root} is not an unpacked torch wheel (include/c10, lib/libc10.so)")
+        defs["LMS_WHEEL_INCLUDE"] = str(inc)
+        defs["LMS_C10_LIBRARY"] = str(lib)
+        if fmt_include is None and (inc / "fmt" / "format.h").is_file():
+            fmt_include = inc
+    if fmt_include is None:
+        fmt_include = find_fmt_include()
+    if fmt_include is None:
+        raise C10BuildError("no fmt headers: apt-get install libfmt-dev, or pass fmt_include=<dir with fmt/format.h>")
+    fmt_include = pathlib.Path(fmt_include)
+    if fmt_include != pathlib.Path("/usr/include"):
+        defs["LMS_FMT_INCLUDE"] = str(fmt_include)
+    if "c10" in targets:
+        if cpuinfo is None:
+            lib = next(iter(sorted(glob.glob("/usr/lib/*/libcpuinfo.so*"))), None)
+            if not lib or not pathlib.Path("/usr/include/cpuinfo.h").is_file():
+                raise C10BuildError("c10 needs cpuinfo: apt-get install libcpuinfo-dev or pass cpuinfo=(include, lib)")
+            cpuinfo = ("/usr/include", lib)
+        defs["LMS_CPUINFO_INCLUDE"], defs["LMS_CPUINFO_LIBRARY"] = map(str, cpuinfo)
+    if "c10_cuda" in targets:
+        cuda_inc = cuda_home / "include"
+        if not (cuda_inc / "cuda.h").is_file() or not (cuda_inc / "cuda_runtime_api.h").is_file():
+            raise C10BuildError(f"{cuda_inc} lacks cuda.h / cuda_runtime_api.h")
+        nvml = find_nvml_include(cuda_home, nvml_include)
+        incs = [cuda_inc] + ([nvml] if nvml != cuda_inc else [])
+        # PyPI's nvidia-cuda-runtime-cu12 keeps crt/host_defines.h in nvidia-cuda-nvcc-cu12's include/
+        crt = cuda_home.parent / "cuda_nvcc" / "include"
+        if not (cuda_inc / "crt" / "host_defines.h").is_file():
+            if not (crt / "crt" / "host_defines.h").is_file():
+                raise C10BuildError(f"{cuda_inc} lacks crt/host_defines.h (unpack nvidia-cuda-nvcc-cu12 next to it)")
+            incs.append(crt)
+        defs["LMS_CUDA_INCLUDE"] = ";".join(map(str, incs))
+        defs["LMS_CUDART_LIBRARY"] = str(find_cudart(cuda_home))
+        if tests:
+            nvcc = cuda_home / "bin" / "nvcc"
+            if nvcc.exists():
+                defs["CMAKE_CUDA_COMPILER"] = str(nvcc)
+            defs.setdefault("CMAKE_CUDA_ARCHITECTURES", "native")
+    if gtest_root:
+        defs["LMS_GTEST_ROOT"] = str(gtest_root)
+    if cxx11_abi is not None:
+        defs["LMS_CXX11_ABI"] = str(int(cxx11_abi))
+    if defines:
+        defs["LMS_DEFINES"] = ";".join(defines)
+    if extra_flags:
+        defs["CMAKE_CXX_FLAGS"] = " ".join(extra_flags)
+    if cxx_compiler_launcher:
+        defs["CMAKE_CXX_COMPILER_LAUNCHER"] = cxx_compiler_launcher
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / "c10_build.log"
+    cfg = ["cmake", "-G", "Ninja", "-S", str(HERE), "-B", str(build_dir)] + [f"-D{k}={v}" for k, v in defs.items()]
+    bld = ["cmake", "--build", str(build_dir), "--", f"-j{jobs or os.cpu_count() or 2}"]
+    with open(log, "w") as fh:
+        for cmd in (cfg, bld):
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            fh.write(proc.stdout)
+            if not quiet:
+                sys.stdout.write(proc.stdout)
+            if proc.returncode != 0:
+                tail = "\n".join(proc.stdout.splitlines()[-60:])
+                raise C10BuildError(f"{cmd[0]} {cmd[1]} failed (rc={proc.returncode}); log {log}:\n{tail}")
+    libs = {t: build_dir / f"lib{t}.so" for t in targets}
+    for t, p in libs.items():
+        if not p.is_file():
+            raise C10BuildError(f"build finished but {p} is missing")
+    test_bins = sorted(p for p in build_dir.glob("c10_cuda_*") if p.is_file() and os.access(p, os.X_OK))
+    return C10BuildResult(build_dir, libs, test_bins, fmt_include, cuda_home / "include", log)

@@ -1,0 +1,531 @@
+// Large Model Support: settings, host budget, host handle pool, statistics and
+// the C API. The allocator-side logic lives in impl/LMSDeviceAllocator.inc
+// (included into CUDACachingAllocator.cpp, where Block and ExpandableSegment
+// are defined). See CUDALargeModelSupport.h.
+#include <c10/cuda/CUDALargeModelSupport.h>
+
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+#include <c10/cuda/driver_api.h>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+namespace c10::cuda::CUDACachingAllocator::lms {
+
+namespace {
+
+constexpr size_t kMiB = 1024 * 1024;
+constexpr int kMaxDevices = 64;
+
+struct Settings {
+  std::atomic<bool> enabled{false};
+  std::atomic<size_t> limit{0};
+  std::atomic<size_t> size{kMiB};
+  std::atomic<bool> defrag{true};
+  std::atomic<size_t> host_limit{0};
+  std::atomic<bool> host_limit_set{false};
+};
+
+Settings& settings() {
+  static Settings s;
+  return s;
+}
+
+// Default host budget: PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB, else 80% of the
+// host memory that is available when LMS first needs it, so that pinned swap
+// space can never push the process into the kernel's OOM killer.
+size_t default_host_limit() {
+  if (const char* env = std::getenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB")) {
+    char* end = nullptr;
+    double mb = std::strtod(env, &end);
+    TORCH_CHECK(
+        end != env && mb >= 0,
+        "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB must be a number of MiB >= 0, got '",
+        env,
+        "'");
+    return static_cast<size_t>(mb * kMiB);
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit) {
+    if (key == "MemAvailable:") {
+      return kb * 1024 / 10 * 8;
+    }
+  }
+  return 0;
+}
+
+std::mutex& budget_mutex() {
+  static std::mutex m;
+  return m;
+}
+size_t g_host_used = 0; // guarded by budget_mutex
+size_t g_host_peak = 0;
+
+struct DeviceStats {
+  std::array<std::atomic<int64_t>, kNumStats> v{};
+  std::atomic<int64_t> host_peak{0};
+};
+std::array<DeviceStats, kMaxDevices>& all_stats() {
+  static std::array<DeviceStats, kMaxDevices> s;
+  return s;
+}
+
+const char* kStatNames[kNumStats] = {
+    "swap_out_bytes",
+    "swap_out_count",
+    "swap_in_bytes",
+    "swap_in_count",
+    "host_bytes.current",
+    "reclaim_events",
+    "alloc_served.free_list",
+    "alloc_served.new_device_memory",
+    "alloc_served.lms_reclaim",
+    "alloc_served.defrag",
+    "swap_out_time_ns",
+    "swap_in_time_ns",
+    "host_pages_dropped_on_free",
+    "defrag_released_bytes",
+    "num_ooms",
+};
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  TORCH_CHECK(
+      v == "True" || v == "False" || v == "true" || v == "false" || v == "1" ||
+          v == "0",
+      "Expected True/False for ",
+      key,
+      ", got '",
+      v,
+      "'");
+  return v == "True" || v == "true" || v == "1";
+}
+
+double parse_number(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  double d = std::strtod(v.c_str(), &end);
+  TORCH_CHECK(
+      end != v.c_str() && *end == '\0' && d >= 0,
+      "Expected a number >= 0 for ",
+      key,
+      ", got '",
+      v,
+      "'");
+  return d;
+}
+
+// ---- host handle pool ----
+struct HostPool {
+  std::mutex m;
+  std::unordered_map<size_t, std::vector<unsigned long long>> idle;
+  size_t idle_bytes = 0;
+  size_t total_bytes = 0;
+};
+HostPool& host_pool() {
+  static auto* p = new HostPool(); // leaked on purpose: used at exit
+  return *p;
+}
+
+} // namespace
+
+bool enabled() {
+  return settings().enabled.load(std::memory_order_relaxed);
+}
+void set_enabled(bool on) {
+  TORCH_CHECK(
+      !on || supported(),
+      "Large Model Support needs CUDA virtual memory management with host NUMA "
+      "allocations (CUDA >= 12.2 driver and headers); not available here");
+  settings().enabled = on;
+}
+size_t limit() {
+  return settings().limit.load(std::memory_order_relaxed);
+}
+void set_limit(size_t bytes) {
+  settings().limit = bytes;
+}
+size_t min_swap_size() {
+  return settings().size.load(std::memory_order_relaxed);
+}
+void set_min_swap_size(size_t bytes) {
+  settings().size = bytes;
+}
+bool defrag_enabled() {
+  return settings().defrag.load(std::memory_order_relaxed);
+}
+void set_defrag_enabled(bool on) {
+  settings().defrag = on;
+}
+size_t host_mem_limit() {
+  auto& s = settings();
+  if (!s.host_limit_set.load()) {
+    std::lock_guard<std::mutex> g(budget_mutex());
+    if (!s.host_limit_set.load()) {
+      s.host_limit = default_host_limit();
+      s.host_limit_set = true;
+    }
+  }
+  return s.host_limit.load();
+}
+void set_host_mem_limit(size_t bytes) {
+  std::lock_guard<std::mutex> g(budget_mutex());
+  settings().host_limit = bytes;
+  settings().host_limit_set = true;
+}
+
+bool supported() {
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED) && \
+    defined(CUDA_VERSION) && CUDA_VERSION >= 12020
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool parse_setting(
+    const std::vector<std::string>& config,
+    size_t i,
+    size_t* last) {
+  const std::string& key = config[i];
+  if (key.rfind("lms", 0) != 0) {
+    return false;
+  }
+  TORCH_CHECK(
+      i + 2 < config.size() && config[i + 1] == ":",
+      "Error parsing CachingAllocator settings: expected ':' and a value after ",
+      key);
+  const std::string& v = config[i + 2];
+  if (key == "lms") {
+    set_enabled(parse_bool(key, v));
+  } else if (key == "lms_limit_mb") {
+    set_limit(static_cast<size_t>(parse_number(key, v) * kMiB));
+  } else if (key == "lms_size_mb") {
+    set_min_swap_size(static_cast<size_t>(parse_number(key, v) * kMiB));
+  } else if (key == "lms_host_mem_limit_mb") {
+    set_host_mem_limit(static_cast<size_t>(parse_number(key, v) * kMiB));
+  } else if (key == "lms_defrag") {
+    set_defrag_enabled(parse_bool(key, v));
+  } else {
+    TORCH_CHECK(
+        false,
+        "Unrecognized CachingAllocator option: ",
+        key,
+        " (LMS keys: lms, lms_limit_mb, lms_size_mb, lms_host_mem_limit_mb, "
+        "lms_defrag)");
+  }
+  *last = i + 2;
+  return true;
+}
+
+bool host_reserve(size_t bytes) {
+  size_t lim = host_mem_limit();
+  std::lock_guard<std::mutex> g(budget_mutex());
+  if (g_host_used + bytes > lim) {
+    return false;
+  }
+  g_host_used += bytes;
+  g_host_peak = std::max(g_host_peak, g_host_used);
+  return true;
+}
+void host_release(size_t bytes) {
+  std::lock_guard<std::mutex> g(budget_mutex());
+  g_host_used -= std::min(bytes, g_host_used);
+}
+size_t host_used() {
+  std::lock_guard<std::mutex> g(budget_mutex());
+  return g_host_used;
+}
+static size_t host_budget_peak() {
+  std::lock_guard<std::mutex> g(budget_mutex());
+  return g_host_peak;
+}
+
+const char* stat_name(int s) {
+  return (s >= 0 && s < kNumStats) ? kStatNames[s] : "?";
+}
+void stat_add(int device, int s, int64_t v) {
+  if (device < 0 || device >= kMaxDevices) {
+    return;
+  }
+  auto& d = all_stats()[device];
+  int64_t now = d.v[s].fetch_add(v) + v;
+  if (s == kHostBytes) {
+    int64_t peak = d.host_peak.load();
+    while (now > peak && !d.host_peak.compare_exchange_weak(peak, now)) {
+    }
+  }
+}
+int64_t stat_get(int device, int s) {
+  if (device < 0 || device >= kMaxDevices) {
+    return 0;
+  }
+  return all_stats()[device].v[s].load();
+}
+int64_t host_bytes_peak(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    return 0;
+  }
+  return all_stats()[device].host_peak.load();
+}
+void reset_peak(int device) {
+  if (device >= 0 && device < kMaxDevices) {
+    auto& d = all_stats()[device];
+    d.host_peak = d.v[kHostBytes].load();
+  }
+  std::lock_guard<std::mutex> g(budget_mutex());
+  g_host_peak = g_host_used;
+}
+void reset_accumulated(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    return;
+  }
+  auto& d = all_stats()[device];
+  for (int s = 0; s < kNumStats; ++s) {
+    if (s != kHostBytes) {
+      d.v[s] = 0;
+    }
+  }
+}
+
+std::string stats_text(int device) {
+  std::ostringstream o;
+  o << "enabled=" << (enabled() ? 1 : 0) << "\n";
+  for (int s = 0; s < kNumStats; ++s) {
+    o << kStatNames[s] << "=" << stat_get(device, s) << "\n";
+  }
+  o << "host_bytes.peak=" << host_bytes_peak(device) << "\n";
+  o << "host_budget.limit=" << host_mem_limit() << "\n";
+  o << "host_budget.used=" << host_used() << "\n";
+  o << "host_budget.peak=" << host_budget_peak() << "\n";
+  o << "host_pool.total_bytes=" << host_pool_total_bytes() << "\n";
+  o << "host_pool.idle_bytes=" << host_pool_idle_bytes() << "\n";
+  o << "limit=" << limit() << "\n";
+  o << "size=" << min_swap_size() << "\n";
+  o << "defrag=" << (defrag_enabled() ? 1 : 0) << "\n";
+  return o.str();
+}
+
+bool host_page_acquire(
+    int device,
+    size_t page_size,
+    unsigned long long* handle) {
+  auto& p = host_pool();
+  {
+    std::lock_guard<std::mutex> g(p.m);
+    auto& v = p.idle[page_size];
+    if (!v.empty()) {
+      *handle = v.back();
+      v.pop_back();
+      p.idle_bytes -= page_size;
+      return true;
+    }
+  }
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED) && \
+    defined(CUDA_VERSION) && CUDA_VERSION >= 12020
+  if (!host_reserve(page_size)) {
+    return false;
+  }
+  auto* api = c10::cuda::DriverAPI::get();
+  int numa_id = -1;
+  if (api->cuDeviceGetAttribute_(
+          &numa_id,
+          CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID,
+          static_cast<CUdevice>(device)) != CUDA_SUCCESS) {
+    numa_id = -1;
+  }
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  if (numa_id >= 0) {
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop.location.id = numa_id;
+  } else {
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    prop.location.id = 0;
+  }
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = api->cuMemCreate_(&h, page_size, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    host_release(page_size);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      return false;
+    }
+    C10_CUDA_DRIVER_CHECK(r);
+  }
+  {
+    std::lock_guard<std::mutex> g(p.m);
+    p.total_bytes += page_size;
+  }
+  *handle = h;
+  return true;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+void host_page_release(
+    int /*device*/,
+    size_t page_size,
+    unsigned long long handle) {
+  auto& p = host_pool();
+  std::lock_guard<std::mutex> g(p.m);
+  p.idle[page_size].push_back(handle);
+  p.idle_bytes += page_size;
+}
+
+size_t host_pool_trim() {
+  auto& p = host_pool();
+  size_t freed = 0;
+  std::lock_guard<std::mutex> g(p.m);
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+  for (auto& kv : p.idle) {
+    for (auto h : kv.second) {
+      C10_CUDA_DRIVER_CHECK(c10::cuda::DriverAPI::get()->cuMemRelease_(h));
+      freed += kv.first;
+    }
+    kv.second.clear();
+  }
+#endif
+  p.idle_bytes -= freed;
+  p.total_bytes -= freed;
+  host_release(freed);
+  return freed;
+}
+size_t host_pool_idle_bytes() {
+  auto& p = host_pool();
+  std::lock_guard<std::mutex> g(p.m);
+  return p.idle_bytes;
+}
+size_t host_pool_total_bytes() {
+  auto& p = host_pool();
+  std::lock_guard<std::mutex> g(p.m);
+  return p.total_bytes;
+}
+
+} // namespace c10::cuda::CUDACachingAllocator::lms
+
+namespace lms = c10::cuda::CUDACachingAllocator::lms;
+
+extern "C" {
+int c10_lms_abi_version() {
+  return 1;
+}
+int c10_lms_supported() {
+  return lms::supported() ? 1 : 0;
+}
+void c10_lms_set_enabled(int on) {
+  lms::set_enabled(on != 0);
+}
+int c10_lms_get_enabled() {
+  return lms::enabled() ? 1 : 0;
+}
+void c10_lms_set_limit(unsigned long long bytes) {
+  lms::set_limit(bytes);
+}
+unsigned long long c10_lms_get_limit() {
+  return lms::limit();
+}
+void c10_lms_set_size(unsigned long long bytes) {
+  lms::set_min_swap_size(bytes);
+}
+unsigned long long c10_lms_get_size() {
+  return lms::min_swap_size();
+}
+void c10_lms_set_host_mem_limit(unsigned long long bytes) {
+  lms::set_host_mem_limit(bytes);
+}
+unsigned long long c10_lms_get_host_mem_limit() {
+  return lms::host_mem_limit();
+}
+void c10_lms_set_defrag(int on) {
+  lms::set_defrag_enabled(on != 0);
+}
+int c10_lms_get_defrag() {
+  return lms::defrag_enabled() ? 1 : 0;
+}
+int c10_lms_host_reserve(unsigned long long bytes) {
+  return lms::host_reserve(bytes) ? 1 : 0;
+}
+void c10_lms_host_release(unsigned long long bytes) {
+  lms::host_release(bytes);
+}
+unsigned long long c10_lms_host_used() {
+  return lms::host_used();
+}
+unsigned long long c10_lms_stats(
+    int device,
+    char* buf,
+    unsigned long long cap) {
+  std::string s = lms::stats_text(device);
+  if (buf && cap > 0) {
+    size_t n = std::min<size_t>(s.size(), cap - 1);
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return s.size();
+}
+void c10_lms_reset_peak_stats(int device) {
+  lms::reset_peak(device);
+}
+void c10_lms_reset_accumulated_stats(int device) {
+  lms::reset_accumulated(device);
+}
+int c10_lms_parse_settings(
+    const char* settings,
+    char* err,
+    unsigned long long cap) {
+  try {
+    // the same lexer rules as CUDAAllocatorConfig::lexArgs
+    std::vector<std::string> config;
+    std::string buf;
+    for (const char* c = settings; c && *c; ++c) {
+      if (*c == ',' || *c == ':' || *c == '[' || *c == ']') {
+        if (!buf.empty()) {
+          config.push_back(buf);
+          buf.clear();
+        }
+        config.emplace_back(1, *c);
+      } else if (*c != ' ') {
+        buf.push_back(*c);
+      }
+    }
+    if (!buf.empty()) {
+      config.push_back(buf);
+    }
+    for (size_t i = 0; i < config.size(); ++i) {
+      size_t last = i;
+      TORCH_CHECK(
+          lms::parse_setting(config, i, &last),
+          "not an LMS option: ",
+          config[i]);
+      i = last;
+      if (i + 1 < config.size()) {
+        TORCH_CHECK(config[i + 1] == ",", "expected ',' after ", config[i]);
+        ++i;
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    if (err && cap > 0) {
+      std::string m = e.what();
+      size_t n = std::min<size_t>(m.size(), cap - 1);
+      std::memcpy(err, m.data(), n);
+      err[n] = '\0';
+    }
+    return -1;
+  }
+}
+}

@@ -1,0 +1,140 @@
+#pragma once
+// Large Model Support (LMS) for the CUDA caching allocator.
+//
+// LMS lets the caching allocator hand out more memory than the GPU has. It
+// implies expandable (VMM-mapped) segments; under pressure (a device mapping
+// fails, or device usage would pass the LMS limit) the least recently
+// allocated pages of allocated blocks are copied to pooled host-backed VMM
+// handles (cuMemCreate on the GPU's host NUMA node) and remapped at the SAME
+// virtual address, so kernels keep reading them (over PCIe). Pages come back
+// to device memory when room returns. Defragmentation releases free pages of
+// partly used segments and remaps physical memory where it is needed instead
+// of copying tensors.
+//
+// This header is new (only additions to libc10_cuda's ABI): no upstream class
+// changes layout. Python reaches it through the extern "C" functions below
+// (torch/cuda/lms.py loads them with ctypes) and through allocator settings
+// keys (PYTORCH_CUDA_ALLOC_CONF / torch.cuda.memory._set_allocator_settings):
+//   lms:True|False            enable / disable LMS
+//   lms_limit_mb:N            device MiB at which LMS starts reclaiming (0: whole device)
+//   lms_size_mb:N             smallest block (MiB, fractional allowed) worth swapping
+//   lms_host_mem_limit_mb:N   host swap budget in MiB (env PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB)
+//   lms_defrag:True|False     release and remap free pages before swapping
+// Off by default; with LMS off the allocator behaves exactly as upstream.
+
+#include <c10/cuda/CUDAMacros.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace c10::cuda::CUDACachingAllocator::lms {
+
+// ---- settings (process wide) ----
+C10_CUDA_API bool enabled();
+C10_CUDA_API void set_enabled(bool on);
+C10_CUDA_API size_t limit(); // 0: no limit below the device size
+C10_CUDA_API void set_limit(size_t bytes);
+C10_CUDA_API size_t min_swap_size();
+C10_CUDA_API void set_min_swap_size(size_t bytes);
+C10_CUDA_API bool defrag_enabled();
+C10_CUDA_API void set_defrag_enabled(bool on);
+C10_CUDA_API size_t host_mem_limit();
+C10_CUDA_API void set_host_mem_limit(size_t bytes);
+// True when the CUDA driver/headers support host-NUMA VMM handles.
+C10_CUDA_API bool supported();
+
+// Parses one "lms..." option of an allocator settings string starting at
+// config[i] (the key). Returns true and sets *last to the index of the last
+// consumed token when the key is an LMS key; false otherwise.
+C10_CUDA_API bool parse_setting(
+    const std::vector<std::string>& config,
+    size_t i,
+    size_t* last);
+
+// ---- host budget shared by the allocator's host handles and Python's
+// activation swapping (torch/cuda/lms.py _host_reserve/_host_release) ----
+C10_CUDA_API bool host_reserve(size_t bytes);
+C10_CUDA_API void host_release(size_t bytes);
+C10_CUDA_API size_t host_used();
+
+// ---- statistics, per device ----
+enum Stat : int {
+  kSwapOutBytes = 0,
+  kSwapOutPages,
+  kSwapInBytes,
+  kSwapInPages,
+  kHostBytes, // bytes of this device's pages that live in host memory now
+  kReclaimEvents,
+  kAllocFreeList,
+  kAllocNewDevice,
+  kAllocLmsReclaim,
+  kAllocDefrag,
+  kSwapOutNs,
+  kSwapInNs,
+  kHostPagesDropped, // host pages released because their blocks were freed
+  kDefragReleasedBytes,
+  kOoms,
+  kNumStats
+};
+C10_CUDA_API const char* stat_name(int s);
+C10_CUDA_API void stat_add(int device, int s, int64_t v);
+C10_CUDA_API int64_t stat_get(int device, int s);
+C10_CUDA_API int64_t host_bytes_peak(int device);
+C10_CUDA_API void reset_peak(int device);
+C10_CUDA_API void reset_accumulated(int device);
+// "key=value\n" lines of the lms.* statistics of device (without "lms." prefix)
+C10_CUDA_API std::string stats_text(int device);
+
+// ---- pool of host-backed VMM handles (one page each) ----
+// acquire: a pooled handle of page_size bytes, or a new one charged to the
+// host budget; returns false when the budget or the host is exhausted.
+C10_CUDA_API bool host_page_acquire(
+    int device,
+    size_t page_size,
+    unsigned long long* handle);
+C10_CUDA_API void host_page_release(
+    int device,
+    size_t page_size,
+    unsigned long long handle);
+// cuMemRelease every idle pooled handle; returns bytes given back to the host.
+C10_CUDA_API size_t host_pool_trim();
+C10_CUDA_API size_t host_pool_idle_bytes();
+C10_CUDA_API size_t host_pool_total_bytes();
+
+} // namespace c10::cuda::CUDACachingAllocator::lms
+
+// ---- C API for ctypes (torch/cuda/lms.py) ----
+extern "C" {
+C10_CUDA_API int c10_lms_abi_version();
+C10_CUDA_API int c10_lms_supported();
+C10_CUDA_API void c10_lms_set_enabled(int on);
+C10_CUDA_API int c10_lms_get_enabled();
+C10_CUDA_API void c10_lms_set_limit(unsigned long long bytes);
+C10_CUDA_API unsigned long long c10_lms_get_limit();
+C10_CUDA_API void c10_lms_set_size(unsigned long long bytes);
+C10_CUDA_API unsigned long long c10_lms_get_size();
+C10_CUDA_API void c10_lms_set_host_mem_limit(unsigned long long bytes);
+C10_CUDA_API unsigned long long c10_lms_get_host_mem_limit();
+C10_CUDA_API void c10_lms_set_defrag(int on);
+C10_CUDA_API int c10_lms_get_defrag();
+C10_CUDA_API int c10_lms_host_reserve(unsigned long long bytes);
+C10_CUDA_API void c10_lms_host_release(unsigned long long bytes);
+C10_CUDA_API unsigned long long c10_lms_host_used();
+// writes the stats text of device into buf (NUL-terminated, truncated to
+// cap); returns the full length needed without the NUL.
+C10_CUDA_API unsigned long long c10_lms_stats(
+    int device,
+    char* buf,
+    unsigned long long cap);
+C10_CUDA_API void c10_lms_reset_peak_stats(int device);
+C10_CUDA_API void c10_lms_reset_accumulated_stats(int device);
+// Parses an allocator settings string that holds only lms keys; 0 on
+// success, else writes the error to err (cap bytes) and returns -1.
+C10_CUDA_API int c10_lms_parse_settings(
+    const char* settings,
+    char* err,
+    unsigned long long cap);
+}

@@ -1,0 +1,333 @@
+"""Scenario driver for the PyTorch-allocator LMS conformance suite (run as a subprocess).
+
+Loads the c10/c10_cuda libraries built from the patched tree plus probe.so (no torch import: the
+preinstalled torch has its own libc10_cuda), runs ONE scenario and prints one JSON line
+`RESULT {...}`. Usage: python3 driver.py BUILD_DIR PROBE_SO SCENARIO [key=value ...]
+"""
+import ctypes
+import json
+import os
+import sys
+import time
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class Lib:
+    def __init__(self, build_dir, probe_so):
+        self.c10 = ctypes.CDLL(os.path.join(build_dir, "libc10.so"), mode=ctypes.RTLD_GLOBAL)
+        self.cuda = ctypes.CDLL(os.path.join(build_dir, "libc10_cuda.so"), mode=ctypes.RTLD_GLOBAL)
+        p = self.p = ctypes.CDLL(probe_so)
+        U64, I, D = ctypes.c_ulonglong, ctypes.c_int, ctypes.c_double
+        p.probe_alloc.restype = U64
+        p.probe_alloc.argtypes = [U64, I, ctypes.POINTER(I)]
+        p.probe_free.argtypes = [U64]
+        p.probe_fill.argtypes = [U64, U64, ctypes.c_uint, I]
+        p.probe_check.argtypes = [U64, U64, ctypes.c_uint, I]
+        p.probe_check.restype = ctypes.c_longlong
+        p.probe_check_add.argtypes = [U64, U64, ctypes.c_uint, ctypes.c_uint, I]
+        p.probe_check_add.restype = ctypes.c_longlong
+        p.probe_add_one.argtypes = [U64, U64, U64, I]
+        p.probe_record_stream.argtypes = [U64, I]
+        p.probe_spin.argtypes = [ctypes.c_longlong, I]
+        p.probe_error.restype = ctypes.c_char_p
+        p.probe_settings.argtypes = [ctypes.c_char_p]
+        p.probe_device_total.restype = U64
+        p.probe_device_free.restype = U64
+        p.probe_pcie_gbps.restype = D
+        p.probe_pcie_gbps.argtypes = [U64, I]
+        self.has_lms = hasattr(self.cuda, "c10_lms_stats")
+        if self.has_lms:
+            self.cuda.c10_lms_stats.restype = U64
+            self.cuda.c10_lms_stats.argtypes = [I, ctypes.c_char_p, U64]
+        if p.probe_init(4) != 0:
+            raise RuntimeError(p.probe_error().decode())
+
+    def settings(self, s):
+        if self.p.probe_settings(s.encode()) != 0:
+            raise RuntimeError(self.p.probe_error().decode())
+
+    def alloc(self, n, stream=-1):
+        oom = ctypes.c_int(0)
+        ptr = self.p.probe_alloc(n, stream, ctypes.byref(oom))
+        if not ptr:
+            return None, bool(oom.value), self.p.probe_error().decode(errors="replace")
+        return ptr, False, ""
+
+    def free(self, ptr):
+        if self.p.probe_free(ptr) != 0:
+            raise RuntimeError(self.p.probe_error().decode())
+
+    def fill(self, ptr, n, seed, stream=-1):
+        assert self.p.probe_fill(ptr, n, seed, stream) == 0
+
+    def check(self, ptr, n, seed, stream=-1):
+        r = self.p.probe_check(ptr, n, seed, stream)
+        if r < 0:
+            raise RuntimeError("check failed: " + self.p.probe_error().decode())
+        return r
+
+    def lms(self):
+        if not self.has_lms:
+            return {}
+        buf = ctypes.create_string_buffer(8192)
+        self.cuda.c10_lms_stats(0, buf, 8192)
+        out = {}
+        for line in buf.value.decode().splitlines():
+            k, v = line.split("=", 1)
+            out[k] = int(v)
+        return out
+
+    def stats(self):
+        a = (ctypes.c_longlong * 8)()
+        self.p.probe_stats(a)
+        return dict(zip(["allocated", "allocated_peak", "reserved", "reserved_peak", "num_ooms", "num_alloc_retries"], a[:6]))
+
+
+def sc_oversubscribe(L, lms="1", factor="2.0", chunk_mb="1024"):
+    if lms == "1":
+        L.settings("lms:True")
+    total = L.p.probe_device_total()
+    chunk = int(chunk_mb) * MiB
+    target = int(float(factor) * total)
+    chunks, oom, msg = [], False, ""
+    t0 = time.time()
+    while len(chunks) * chunk < target:
+        ptr, oom, msg = L.alloc(chunk)
+        if ptr is None:
+            break
+        L.fill(ptr, chunk, len(chunks) + 1)
+        chunks.append(ptr)
+    t_alloc = time.time() - t0
+    allocated = len(chunks) * chunk
+    after_alloc = L.lms()
+    t0 = time.time()
+    bad = sum(L.check(p, chunk, i + 1) for i, p in enumerate(chunks))
+    t_check = time.time() - t0
+    # free the newest half: room returns, swapped pages must come back intact
+    half = len(chunks) // 2
+    for p in chunks[half:]:
+        L.free(p)
+    after_free = L.lms()
+    bad_after_return = sum(L.check(p, chunk, i + 1) for i, p in enumerate(chunks[:half]))
+    L.p.probe_empty_cache()
+    after_empty = L.lms()
+    bad_after_empty = sum(L.check(p, chunk, i + 1) for i, p in enumerate(chunks[:half]))
+    for p in chunks[:half]:
+        L.free(p)
+    final = L.lms()
+    return dict(device_total=total, target=target, allocated=allocated, oom=oom, oom_msg=msg[:2000],
+                mismatches=bad, mismatches_after_return=bad_after_return,
+                mismatches_after_empty_cache=bad_after_empty, t_alloc_s=t_alloc, t_check_s=t_check,
+                lms_after_alloc=after_alloc, lms_after_free=after_free, lms_after_empty=after_empty,
+                lms_final=final, upstream=L.stats())
+
+
+def sc_bandwidth(L, limit_gb="8", size_gb="8"):
+    """Swap A out by allocating B under an LMS limit, twice (second time host handles are pooled)."""
+    ref_d2h = L.p.probe_pcie_gbps(2 * GiB, 0)
+    ref_h2d = L.p.probe_pcie_gbps(2 * GiB, 1)
+    L.settings(f"lms:True,lms_limit_mb:{int(float(limit_gb) * 1024)}")
+    n = int(float(size_gb) * GiB)
+    a, _, m = L.alloc(n)
+    assert a, m
+    L.fill(a, n, 7)
+    rounds = []
+    for r in range(3):
+        s0 = L.lms()
+        b, _, m = L.alloc(n)
+        assert b, m
+        s1 = L.lms()
+        L.fill(b, n, 100 + r)
+        bad_b = L.check(b, n, 100 + r)
+        L.free(b)
+        s2 = L.lms()
+        bad_a = L.check(a, n, 7)
+        out_b = s1["swap_out_bytes"] - s0["swap_out_bytes"]
+        out_ns = s1["swap_out_time_ns"] - s0["swap_out_time_ns"]
+        in_b = s2["swap_in_bytes"] - s1["swap_in_bytes"]
+        in_ns = s2["swap_in_time_ns"] - s1["swap_in_time_ns"]
+        rounds.append(dict(out_bytes=out_b, out_gbps=out_b / out_ns if out_ns else 0.0,
+                           in_bytes=in_b, in_gbps=in_b / in_ns if in_ns else 0.0,
+                           bad_a=bad_a, bad_b=bad_b, host_pool_total=s1["host_pool.total_bytes"]))
+    L.free(a)
+    return dict(ref_d2h_gbps=ref_d2h, ref_h2d_gbps=ref_h2d, rounds=rounds, lms=L.lms())
+
+
+def sc_stats(L):
+    L.settings("lms:True,lms_limit_mb:2048")
+    s_start = L.lms()
+    ptrs = []
+    for i in range(12):                      # 12 x 256 MiB = 3 GiB under a 2 GiB limit
+        p, _, m = L.alloc(256 * MiB)
+        assert p, m
+        L.fill(p, 256 * MiB, i + 11)
+        ptrs.append(p)
+    mid = L.lms()
+    bad = sum(L.check(p, 256 * MiB, i + 11) for i, p in enumerate(ptrs))
+    for p in ptrs[6:]:
+        L.free(p)
+    after_free = L.lms()
+    L.cuda.c10_lms_reset_peak_stats(0)
+    after_reset = L.lms()
+    for p in ptrs[:6]:
+        L.free(p)
+    L.p.probe_empty_cache()
+    end = L.lms()
+    return dict(start=s_start, mid=mid, after_free=after_free, after_reset=after_reset, end=end,
+                n_allocs=12, mismatches=bad, upstream=L.stats())
+
+
+def sc_hostlimit(L):
+    L.settings("lms:True,lms_limit_mb:1024,lms_host_mem_limit_mb:512")
+    ptrs, msg, oom = [], "", False
+    for i in range(8):                       # 8 x 256 MiB: needs > 512 MiB of host swap
+        p, oom, msg = L.alloc(256 * MiB)
+        if p is None:
+            break
+        L.fill(p, 256 * MiB, i + 1)
+        ptrs.append(p)
+    bad = sum(L.check(p, 256 * MiB, i + 1) for i, p in enumerate(ptrs))
+    s = L.lms()
+    for p in ptrs:
+        L.free(p)
+    # a single block larger than the device
+    big, oom2, msg2 = L.alloc(L.p.probe_device_total() + GiB)
+    return dict(n_ok=len(ptrs), oom=oom, msg=msg, mismatches=bad, lms=s, too_large_oom=oom2,
+                too_large_msg=msg2)
+
+
+def sc_defrag(L, mode="upstream"):
+    if mode == "lms_defrag":
+        L.settings("lms:True,lms_defrag:True,lms_host_mem_limit_mb:0")
+    elif mode == "lms_nodefrag":
+        L.settings("lms:True,lms_defrag:False,lms_host_mem_limit_mb:0")
+    total = L.p.probe_device_total()
+    n = int(0.9 * total) // GiB
+    big = []
+    for i in range(n):
+        p, oom, m = L.alloc(GiB)
+        assert p, m
+        big.append(p)
+    small, mid = [], []
+    s_sz, t_sz = 12 * MiB, GiB - 12 * MiB
+    for i in range(n):
+        L.free(big[i])
+        s, _, m = L.alloc(s_sz)
+        assert s, m
+        t, _, m = L.alloc(t_sz)
+        assert t, m
+        L.fill(s, s_sz, 1000 + i)
+        small.append(s)
+        mid.append(t)
+    for t in mid:
+        L.free(t)
+    req = total // 2
+    p, oom, msg = L.alloc(req)
+    ok = p is not None
+    if ok:
+        L.fill(p, req, 5)
+        bad_big = L.check(p, req, 5)
+        L.free(p)
+    else:
+        bad_big = 0
+    bad = sum(L.check(s, s_sz, 1000 + i) for i, s in enumerate(small))
+    return dict(mode=mode, n_segments=n, request=req, ok=ok, oom=oom, msg=msg[:3000], mismatches=bad,
+                mismatches_big=bad_big, lms=L.lms(), upstream=L.stats())
+
+
+def sc_multistream(L, limit_mb="1024", rounds="6", spin="200000000"):
+    """Pending writers/readers on other streams while LMS swaps the pages they use."""
+    L.settings(f"lms:True,lms_limit_mb:{limit_mb}")
+    n = 128 * MiB
+    spin = int(spin)
+    bad, bad_y, kept = 0, 0, []
+    for r in range(int(rounds)):
+        # (1) a pending writer on the block's own stream: spin then fill on stream 0
+        x, _, m = L.alloc(n, 0)
+        assert x, m
+        L.p.probe_spin(spin, 0)
+        L.fill(x, n, 50 + r, 0)
+        # (2) a pending reader on stream 1 that was announced with record_stream
+        y, _, m = L.alloc(n, 1)
+        assert y, m
+        L.p.probe_wait(1, 0)                      # the reader depends on the writer
+        L.p.probe_spin(spin, 1)
+        L.p.probe_add_one(x, y, n, 1)
+        L.p.probe_record_stream(x, 1)
+        kept.append((x, y, 50 + r))
+        # (3) pressure: allocations on stream 2 push the pages of x and y out while (1)/(2) are queued
+        z, _, m = L.alloc(int(limit_mb) * MiB // 2, 2)
+        assert z, m
+        L.fill(z, int(limit_mb) * MiB // 2, 9, 2)
+        L.free(z)
+    L.p.probe_sync()
+    for x, y, seed in kept:
+        bad += L.check(x, n, seed, 0)
+        r = L.p.probe_check_add(y, n, seed, 1, 1)   # y = x + 1, written on stream 1
+        assert r >= 0
+        bad_y += r
+    for x, y, _ in kept:
+        L.free(x)
+        L.free(y)
+    L.p.probe_sync()
+    return dict(mismatches_x=bad, mismatches_y=bad_y, lms=L.lms())
+
+
+def sc_sanitize(L):
+    """A small spill-heavy run for compute-sanitizer (swap out, zero-copy reads, swap in)."""
+    L.settings("lms:True,lms_limit_mb:256")
+    n = 64 * MiB
+    ptrs = []
+    for i in range(8):
+        p, _, m = L.alloc(n, i % 2)
+        assert p, m
+        L.fill(p, n, i + 1, i % 2)
+        if i % 2:
+            L.p.probe_record_stream(p, 0)
+        ptrs.append(p)
+    L.p.probe_sync()
+    bad = sum(L.check(p, n, i + 1, 0) for i, p in enumerate(ptrs))
+    for p in ptrs[4:]:
+        L.free(p)
+    L.p.probe_empty_cache()
+    bad += sum(L.check(p, n, i + 1, 1) for i, p in enumerate(ptrs[:4]))
+    for p in ptrs[:4]:
+        L.free(p)
+    L.p.probe_sync()
+    return dict(mismatches=bad, lms=L.lms())
+
+
+def sc_sequence(L, lms="0"):
+    """A fixed allocation sequence; its upstream stats must not depend on the patch when LMS is off."""
+    if lms == "1":
+        L.settings("lms:True")
+    sizes = [512, 3 * MiB, 11 * MiB, 700 * 1024, 25 * MiB, 2 * MiB, 100 * MiB, 1]
+    live, trace = [], []
+    for r in range(40):
+        sz = sizes[r % len(sizes)] * (1 + r % 3)
+        p, _, m = L.alloc(sz)
+        assert p, m
+        live.append(p)
+        if r % 3 == 2:
+            L.free(live.pop(0))
+        trace.append(L.stats()["reserved"])
+    for p in live:
+        L.free(p)
+    L.p.probe_empty_cache()
+    return dict(trace=trace, upstream=L.stats())
+
+
+def main():
+    build_dir, probe, scenario = sys.argv[1:4]
+    kw = dict(a.split("=", 1) for a in sys.argv[4:])
+    L = Lib(build_dir, probe)
+    t0 = time.time()
+    res = globals()["sc_" + scenario](L, **kw)
+    res["wall_s"] = time.time() - t0
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

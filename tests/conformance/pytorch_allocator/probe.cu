@@ -1,0 +1,187 @@
+// Tiny C binding that drives the REAL c10 CUDA caching allocator (the libc10_cuda.so built from
+// the patched tree) with real kernels, for the pytest conformance suite (loaded with ctypes).
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+// private c10 hook that libtorch_cuda normally calls (c10/cuda/CUDAFunctions.cpp)
+namespace c10::cuda::_internal { C10_CUDA_API void setHasPrimaryContext(bool (*func)(c10::DeviceIndex)); }
+namespace A = c10::cuda::CUDACachingAllocator;
+
+static std::string g_err;
+static std::vector<c10::cuda::CUDAStream> g_streams;
+
+__device__ __forceinline__ uint32_t mix(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
+  return static_cast<uint32_t>(x);
+}
+
+__global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = mix(i, seed);
+}
+
+__global__ void check_kernel(const uint32_t* p, size_t n, uint32_t seed, uint32_t add, unsigned long long* bad) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    local += (p[i] != mix(i, seed) + add);
+  if (local) atomicAdd(bad, local);
+}
+
+// out[i] = in[i] + 1 (a second stream consumer for record_stream tests)
+__global__ void add_one_kernel(const uint32_t* in, uint32_t* out, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    out[i] = in[i] + 1;
+}
+
+__global__ void spin_kernel(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) {}
+}
+
+static cudaStream_t stream_of(int id) {
+  if (id < 0) return c10::cuda::getCurrentCUDAStream(0).stream();
+  return g_streams.at(id).stream();
+}
+
+extern "C" {
+
+// libtorch_cuda normally registers this hook (c10 only has a throwing dummy). probe_init creates the
+// primary context of device 0 first (cudaFree(0)), so it exists for the only device we use.
+static bool probe_has_primary_context(c10::DeviceIndex idx) { return idx == 0; }
+
+int probe_init(int nstreams) {
+  try {
+    C10_CUDA_CHECK(cudaSetDevice(0));
+    C10_CUDA_CHECK(cudaFree(nullptr));
+    c10::cuda::_internal::setHasPrimaryContext(probe_has_primary_context);
+    A::init(1);
+    c10::cuda::set_device(0);
+    g_streams.clear();
+    for (int i = 0; i < nstreams; ++i) g_streams.push_back(c10::cuda::getStreamFromPool(false, 0));
+    return 0;
+  } catch (const std::exception& e) { g_err = e.what(); return -1; }
+}
+
+const char* probe_error() { return g_err.c_str(); }
+
+// returns pointer or 0; *oom = 1 when the allocator raised OutOfMemoryError
+unsigned long long probe_alloc(unsigned long long n, int stream, int* oom) {
+  *oom = 0;
+  try {
+    return (unsigned long long)A::raw_alloc_with_stream(n, stream_of(stream));
+  } catch (const c10::OutOfMemoryError& e) {
+    g_err = e.what(); *oom = 1; return 0;
+  } catch (const std::exception& e) { g_err = e.what(); return 0; }
+}
+
+int probe_free(unsigned long long p) {
+  try { A::raw_delete((void*)p); return 0; } catch (const std::exception& e) { g_err = e.what(); return -1; }
+}
+
+int probe_record_stream(unsigned long long p, int stream) {
+  try {
+    c10::DataPtr dp((void*)p, c10::Device(c10::DeviceType::CUDA, 0));
+    A::recordStream(dp, g_streams.at(stream));
+    return 0;
+  } catch (const std::exception& e) { g_err = e.what(); return -1; }
+}
+
+int probe_fill(unsigned long long p, unsigned long long nbytes, unsigned seed, int stream) {
+  fill_kernel<<<1024, 256, 0, stream_of(stream)>>>((uint32_t*)p, nbytes / 4, seed);
+  return (int)cudaGetLastError();
+}
+
+// blocking check that p holds pattern(seed) + add; returns number of wrong 32-bit words, or -1
+long long probe_check_add(unsigned long long p, unsigned long long nbytes, unsigned seed, unsigned add, int stream) {
+  unsigned long long* bad = nullptr;
+  if (cudaMallocHost(&bad, sizeof(*bad)) != cudaSuccess) return -1;
+  *bad = 0;
+  cudaStream_t s = stream_of(stream);
+  check_kernel<<<1024, 256, 0, s>>>((const uint32_t*)p, nbytes / 4, seed, add, bad);
+  if (cudaStreamSynchronize(s) != cudaSuccess) { g_err = cudaGetErrorString(cudaGetLastError()); cudaFreeHost(bad); return -1; }
+  long long r = (long long)*bad;
+  cudaFreeHost(bad);
+  return r;
+}
+
+long long probe_check(unsigned long long p, unsigned long long nbytes, unsigned seed, int stream) {
+  return probe_check_add(p, nbytes, seed, 0, stream);
+}
+
+int probe_add_one(unsigned long long in, unsigned long long out, unsigned long long nbytes, int stream) {
+  add_one_kernel<<<1024, 256, 0, stream_of(stream)>>>((const uint32_t*)in, (uint32_t*)out, nbytes / 4);
+  return (int)cudaGetLastError();
+}
+
+int probe_spin(long long cycles, int stream) {
+  spin_kernel<<<1, 1, 0, stream_of(stream)>>>(cycles);
+  return (int)cudaGetLastError();
+}
+
+// stream `waiter` waits for all work queued so far on stream `waitee`
+int probe_wait(int waiter, int waitee) {
+  cudaEvent_t e;
+  cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  cudaEventRecord(e, stream_of(waitee));
+  cudaStreamWaitEvent(stream_of(waiter), e, 0);
+  cudaEventDestroy(e);
+  return (int)cudaGetLastError();
+}
+
+int probe_sync() { return (int)cudaDeviceSynchronize(); }
+
+int probe_empty_cache() {
+  try { A::emptyCache(); return 0; } catch (const std::exception& e) { g_err = e.what(); return -1; }
+}
+
+int probe_settings(const char* s) {
+  try { A::setAllocatorSettings(s); return 0; } catch (const std::exception& e) { g_err = e.what(); return -1; }
+}
+
+// upstream stats: allocated/reserved/active current+peak (aggregate)
+int probe_stats(long long* out) {
+  auto st = A::getDeviceStats(0);
+  auto agg = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+  out[0] = st.allocated_bytes[agg].current; out[1] = st.allocated_bytes[agg].peak;
+  out[2] = st.reserved_bytes[agg].current;  out[3] = st.reserved_bytes[agg].peak;
+  out[4] = st.num_ooms; out[5] = st.num_alloc_retries;
+  return 0;
+}
+
+void probe_reset_peak() { A::resetPeakStats(0); }
+
+unsigned long long probe_device_total() {
+  size_t f = 0, t = 0; cudaMemGetInfo(&f, &t); return t;
+}
+unsigned long long probe_device_free() {
+  size_t f = 0, t = 0; cudaMemGetInfo(&f, &t); return f;
+}
+
+// copy bandwidth reference: pinned host <-> device, GB/s, for nbytes
+double probe_pcie_gbps(unsigned long long nbytes, int to_device) {
+  void* h = nullptr; void* d = nullptr;
+  if (cudaMallocHost(&h, nbytes) != cudaSuccess) return -1;
+  if (cudaMalloc(&d, nbytes) != cudaSuccess) { cudaFreeHost(h); return -1; }
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  for (int rep = 0; rep < 2; ++rep) {
+    cudaEventRecord(a);
+    if (to_device) cudaMemcpyAsync(d, h, nbytes, cudaMemcpyHostToDevice); else cudaMemcpyAsync(h, d, nbytes, cudaMemcpyDeviceToHost);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+  }
+  float ms = 0; cudaEventElapsedTime(&ms, a, b);
+  cudaFree(d); cudaFreeHost(h); cudaEventDestroy(a); cudaEventDestroy(b);
+  return nbytes / (ms * 1e-3) / 1e9;
+}
+}

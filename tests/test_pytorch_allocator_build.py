@@ -1,0 +1,239 @@
+"""CI (CPU) checks of PyTorch LMS in c10/cuda (issue 5).
+
+* the patched c10 + c10/cuda of the real v2.6.0 tree (lms_tree fixture) compile with
+  build_tools.c10_build (CUDA headers: the machine's toolkit; nvml.h: toolkit or nvidia-nvml-dev-cu12);
+* libc10_cuda.so's ABI only grows: abidiff against a pristine build and the exported symbol sets;
+* settings strings, the host budget and the Python API (torch/cuda/lms.py) work through the real
+  built libraries without a GPU (libcuda is only dlopen'ed when memory is mapped);
+* the upstream Python files export the API and merge the lms.* statistics.
+GPU behaviour is covered by tests/conformance/pytorch_allocator (pytest -m gpu).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CUDA = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+NVML_WHEEL = "nvidia-nvml-dev-cu12==12.4.127"
+
+
+def _nvml_include() -> Path | None:
+    if (CUDA / "include" / "nvml.h").is_file():
+        return None
+    cache = REPO / ".cache" / "lms-c10" / "nvml"
+    inc = cache / "nvidia" / "nvml_dev" / "include"
+    if not (inc / "nvml.h").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), NVML_WHEEL],
+                           capture_output=True, text=True)
+        wheels = list(cache.glob("nvidia_nvml_dev_cu12-*.whl"))
+        if r.returncode != 0 or not wheels:
+            pytest.skip(f"nvml.h not in {CUDA}/include and {NVML_WHEEL} not downloadable: {r.stderr[-300:]}")
+        zipfile.ZipFile(wheels[0]).extractall(cache)
+    return inc
+
+
+@pytest.fixture(scope="module")
+def builds(lms_tree, upstream_tree, tmp_path_factory):
+    if not (CUDA / "include" / "cuda.h").is_file():
+        pytest.skip(f"no CUDA headers under {CUDA}")
+    for tool in ("cmake", "ninja"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    from build_tools.c10_build import build_c10, find_fmt_include
+    if find_fmt_include() is None:
+        pytest.skip("no fmt headers (apt-get install libfmt-dev)")
+    tree = lms_tree("pytorch", "v2.6.0")
+    pristine = upstream_tree("pytorch", "v2.6.0")
+    out = tmp_path_factory.mktemp("c10b")
+    nvml = _nvml_include()
+    launcher = "ccache" if shutil.which("ccache") else None
+    lms = build_c10(tree, out / "lms", cuda_home=CUDA, nvml_include=nvml, build_type="RelWithDebInfo",
+                    cxx_compiler_launcher=launcher)
+    up = build_c10(pristine, out / "pristine", cuda_home=CUDA, nvml_include=nvml, targets=("c10_cuda",),
+                   c10_library=lms.libraries["c10"], build_type="RelWithDebInfo", cxx_compiler_launcher=launcher)
+    return dict(tree=tree, lms=lms, up=up, out=out)
+
+
+STD_WEAK = re.compile(r"^_Z(Z|GV|GVZ|T[VIS])?N?K?St")  # std:: template instantiations (vague linkage)
+
+
+def _dynsyms(lib: Path, drop_std: bool = False) -> set:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], check=True, capture_output=True, text=True).stdout
+    syms = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    return {s for s in syms if not STD_WEAK.match(s)} if drop_std else syms
+
+
+def test_patched_c10_and_c10_cuda_compile(builds):
+    libs = builds["lms"].libraries
+    assert libs["c10"].is_file() and libs["c10_cuda"].is_file()
+    syms = _dynsyms(libs["c10_cuda"])
+    for name in ("c10_lms_set_enabled", "c10_lms_stats", "c10_lms_host_reserve", "c10_lms_parse_settings"):
+        assert name in syms
+
+
+def test_c10_cuda_abi_only_grows(builds):
+    old, new = builds["up"].libraries["c10_cuda"], builds["lms"].libraries["c10_cuda"]
+    removed = _dynsyms(old, drop_std=True) - _dynsyms(new, drop_std=True)
+    assert not removed, f"symbols removed from libc10_cuda.so: {sorted(removed)[:20]}"
+    if not shutil.which("abidiff"):
+        pytest.skip("abidiff (abigail-tools) not installed")
+    supp = REPO / "build_tools" / "c10_build" / "abi_suppressions.txt"
+    r = subprocess.run(["abidiff", "--suppressions", str(supp), str(old), str(new)], capture_output=True, text=True)
+    # abidiff exit status bits: 1 error, 2 usage, 4 ABI change, 8 incompatible ABI change
+    assert r.returncode & (1 | 2 | 8) == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def _run_py(code: str, builds, **env) -> dict:
+    d = builds["lms"].build_dir
+    e = dict(os.environ, **env)
+    e.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(d)], capture_output=True, text=True, env=e,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+C_API = """
+import ctypes, json, os, sys
+d = sys.argv[1]
+ctypes.CDLL(os.path.join(d, "libc10.so"), mode=ctypes.RTLD_GLOBAL)
+L = ctypes.CDLL(os.path.join(d, "libc10_cuda.so"))
+U = ctypes.c_ulonglong
+for n in ("limit", "size", "host_mem_limit"):
+    getattr(L, "c10_lms_get_" + n).restype = U
+    getattr(L, "c10_lms_set_" + n).argtypes = [U]
+L.c10_lms_host_reserve.argtypes = [U]; L.c10_lms_host_release.argtypes = [U]; L.c10_lms_host_used.restype = U
+L.c10_lms_parse_settings.argtypes = [ctypes.c_char_p, ctypes.c_char_p, U]
+L.c10_lms_stats.restype = U; L.c10_lms_stats.argtypes = [ctypes.c_int, ctypes.c_char_p, U]
+err = ctypes.create_string_buffer(4096)
+r = {"defaults": [L.c10_lms_get_enabled(), L.c10_lms_get_limit(), L.c10_lms_get_size(), L.c10_lms_get_defrag()],
+     "env_host_limit": L.c10_lms_get_host_mem_limit()}
+r["ok_rc"] = L.c10_lms_parse_settings(b"lms:True,lms_limit_mb:1024,lms_size_mb:0.5,lms_defrag:False,lms_host_mem_limit_mb:64", err, 4096)
+r["after"] = [L.c10_lms_get_enabled(), L.c10_lms_get_limit(), L.c10_lms_get_size(), L.c10_lms_get_defrag(),
+              L.c10_lms_get_host_mem_limit()]
+r["bad_key_rc"] = L.c10_lms_parse_settings(b"lms_bogus:1", err, 4096); r["bad_key_err"] = err.value.decode()
+r["bad_val_rc"] = L.c10_lms_parse_settings(b"lms:maybe", err, 4096); r["bad_val_err"] = err.value.decode()
+MiB = 1 << 20
+r["reserve"] = [L.c10_lms_host_reserve(40 * MiB), L.c10_lms_host_reserve(40 * MiB), L.c10_lms_host_used()]
+L.c10_lms_host_release(40 * MiB)
+r["after_release"] = [L.c10_lms_host_used(), L.c10_lms_host_reserve(24 * MiB), L.c10_lms_host_used()]
+n = L.c10_lms_stats(0, None, 0); buf = ctypes.create_string_buffer(n + 1); L.c10_lms_stats(0, buf, n + 1)
+r["stats"] = dict(l.split("=") for l in buf.value.decode().splitlines())
+L.c10_lms_set_enabled(0)
+r["off"] = L.c10_lms_get_enabled()
+print(json.dumps(r))
+"""
+
+
+def test_c_api_settings_and_host_budget(builds):
+    r = _run_py(C_API, builds, PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB="3000")
+    MiB = 1 << 20
+    assert r["defaults"] == [0, 0, MiB, 1]                      # off by default
+    assert r["env_host_limit"] == 3000 * MiB                    # PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB
+    assert r["ok_rc"] == 0 and r["after"] == [1, 1024 * MiB, MiB // 2, 0, 64 * MiB]
+    assert r["bad_key_rc"] == -1 and "lms_bogus" in r["bad_key_err"]
+    assert r["bad_val_rc"] == -1 and "True/False" in r["bad_val_err"]
+    assert r["reserve"] == [1, 0, 40 * MiB]                     # second 40 MiB would pass 64 MiB
+    assert r["after_release"] == [0, 1, 24 * MiB]
+    st = r["stats"]
+    for k in ("swap_out_bytes", "swap_in_bytes", "host_bytes.current", "host_bytes.peak", "reclaim_events",
+              "alloc_served.free_list", "alloc_served.new_device_memory", "alloc_served.lms_reclaim",
+              "alloc_served.defrag", "swap_out_time_ns", "swap_in_time_ns", "host_budget.used"):
+        assert k in st
+    assert int(st["host_budget.used"]) == 24 * MiB and r["off"] == 0
+
+
+CPP_SETTINGS = r"""
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#include <c10/cuda/CUDALargeModelSupport.h>
+#include <cstdio>
+namespace A = c10::cuda::CUDACachingAllocator;
+int main() {
+  A::setAllocatorSettings("max_split_size_mb:64,lms:True,lms_limit_mb:100,expandable_segments:False");
+  int ok = A::lms::enabled() && A::lms::limit() == 100u << 20 &&
+           A::CUDAAllocatorConfig::max_split_size() == 64u << 20 && !A::CUDAAllocatorConfig::expandable_segments();
+  int threw = 0;
+  try { A::setAllocatorSettings("lms_bogus:1"); } catch (const c10::Error&) { threw = 1; }
+  A::setAllocatorSettings("lms:False");
+  std::printf("%d %d %d\n", ok, threw, (int)A::lms::enabled());
+  return 0;
+}
+"""
+
+
+def test_allocator_settings_string_reaches_lms(builds, tmp_path):
+    b = builds["lms"]
+    src = tmp_path / "s.cpp"
+    src.write_text(CPP_SETTINGS)
+    exe = tmp_path / "s"
+    fmt = [f"-I{b.fmt_include}"] if b.fmt_include else []
+    incs = [f"-I{i}" for i in str(b.cuda_include).split(";")]
+    subprocess.run(["g++", "-std=c++17", "-DFMT_HEADER_ONLY=1", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
+                    *incs, *fmt, str(src), f"-L{b.build_dir}", "-lc10_cuda", "-lc10",
+                    f"-Wl,-rpath,{b.build_dir}", "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", "1", "0"]
+
+
+PY_API = """
+import importlib.util, json, os, sys
+d = sys.argv[1]
+spec = importlib.util.spec_from_file_location("lms_mod", os.environ["LMS_PY"])
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+r = {"available": m.is_lms_available(), "enabled0": m.get_enabled_lms()}
+m.set_enabled_lms(True); m.set_limit_lms(5 << 30); m.set_size_lms(2 << 20); m.set_host_mem_limit_lms(1 << 30)
+m.set_lms_defrag_enabled(False)
+r["roundtrip"] = [m.get_enabled_lms(), m.get_limit_lms(), m.get_size_lms(), m.get_host_mem_limit_lms(),
+                  m.get_lms_defrag_enabled()]
+r["reserve"] = [m._host_reserve(600 << 20), m._host_reserve(600 << 20), m._host_used()]
+m._host_release(600 << 20)
+r["released"] = m._host_used()
+merged = m._merge_memory_stats({"allocated_bytes": {}}, 0)
+r["nested_keys"] = sorted(merged["lms"].keys())
+r["flat"] = m.lms_stats(0)["host_budget.limit"]
+m._parse_settings("lms:False")
+r["enabled_end"] = m.get_enabled_lms()
+print(json.dumps(r))
+"""
+
+
+def test_python_api_over_ctypes(builds):
+    py = builds["tree"] / "torch" / "cuda" / "lms.py"
+    r = _run_py(PY_API, builds, LMS_PY=str(py),
+                PYTORCH_LMS_LIBC10_CUDA=str(builds["lms"].libraries["c10_cuda"]))
+    assert r["available"] and not r["enabled0"]
+    assert r["roundtrip"] == [True, 5 << 30, 2 << 20, 1 << 30, False]
+    assert r["reserve"] == [True, False, 600 << 20] and r["released"] == 0
+    assert {"swap_out_bytes", "host_bytes", "alloc_served", "host_budget"} <= set(r["nested_keys"])
+    assert r["flat"] == 1 << 30 and r["enabled_end"] is False
+
+
+def test_torch_cuda_exports_and_memory_stats_merge(builds):
+    tree = builds["tree"]
+    init = ast.parse((tree / "torch/cuda/__init__.py").read_text())
+    names = set()
+    for node in ast.walk(init):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    lms = ast.parse((tree / "torch/cuda/lms.py").read_text())
+    api = [f.name for f in lms.body if isinstance(f, ast.FunctionDef)]
+    for fn in ("set_enabled_lms", "get_enabled_lms", "set_limit_lms", "get_limit_lms", "set_size_lms", "get_size_lms",
+               "set_host_mem_limit_lms", "get_host_mem_limit_lms", "set_lms_defrag_enabled", "get_lms_defrag_enabled",
+               "_host_reserve", "_host_release"):
+        assert fn in api
+        if not fn.startswith("_"):
+            assert fn in names, f"{fn} not exported from torch.cuda"
+    mem = (tree / "torch/cuda/memory.py").read_text()
+    assert "_lms._merge_memory_stats(" in mem and "_lms._reset_peak_stats(device)" in mem
