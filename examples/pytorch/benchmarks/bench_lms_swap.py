@@ -1,0 +1,449 @@
+#!/usr/bin/env python3
+"""Benchmark: LMS activation swapping vs stock PyTorch vs stock save_on_cpu, one run.
+
+For each model and each batch (a multiple of the largest batch stock PyTorch fits) it runs
+three modes, each in its own subprocess (a crash, a CUDA OOM or the host's OOM killer ends
+only that configuration):
+
+  stock        plain training
+  save_on_cpu  torch.autograd.graph.save_on_cpu(pin_memory=True) around forward
+  lms          lms_swap.swapping() around forward (this repository's layer, default tunables)
+
+A host-memory guard in the parent kills a child when the machine's MemAvailable falls
+below --host-guard-gib (what the kernel's OOM killer would otherwise do, maybe to the
+parent); that is recorded as "killed (host memory)".
+
+Reported per configuration: throughput, step time, peak device memory (allocated and
+reserved), peak host memory (child's RSS high-water mark), and for lms the bytes moved
+out/in per step and the fraction of the PCIe bound of FACTS.md:
+    bound_step = max(compute_step, S_out / 54 GB/s + S_in / 53 GB/s)
+with compute_step = batch / (stock throughput at 1.0x) (the GPU's speed without swapping).
+
+    python examples/pytorch/benchmarks/bench_lms_swap.py --out results/   # everything
+    python examples/pytorch/benchmarks/bench_lms_swap.py --models resnet50 --scales 1.0 1.5
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
+
+D2H_BPS = 54e9   # FACTS.md, device -> pinned host
+H2D_BPS = 53e9   # FACTS.md, pinned host -> device
+GiB = 1 << 30
+ALLOC_CONF = None  # PYTORCH_CUDA_ALLOC_CONF for every child (all modes alike)
+
+
+# ----------------------------------------------------------------------------- models
+def build(model_name, batch, args):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    dev = "cuda"
+    if model_name == "resnet50":
+        import torchvision
+        torch.manual_seed(0)
+        model = torchvision.models.resnet50().to(dev).to(memory_format=torch.channels_last)
+        g = torch.Generator(device=dev).manual_seed(0)
+        x = torch.randn(batch, 3, args.image_size, args.image_size, device=dev, generator=g)
+        x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), device=dev, generator=g)
+
+        def loss_fn():
+            return F.cross_entropy(model(x), y)
+
+        return model, loss_fn, batch, "img/s"
+
+    if model_name == "gpt2":
+        d, L, H, V, T = 768, 12, 12, 50257, args.seq_len
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1 = nn.LayerNorm(d)
+                self.qkv = nn.Linear(d, 3 * d)
+                self.proj = nn.Linear(d, d)
+                self.ln2 = nn.LayerNorm(d)
+                self.fc = nn.Linear(d, 4 * d)
+                self.out = nn.Linear(4 * d, d)
+
+            def forward(self, x):
+                B, T_, _ = x.shape
+                q, k, v = self.qkv(self.ln1(x)).view(B, T_, 3, H, d // H).permute(2, 0, 3, 1, 4)
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.proj(a.transpose(1, 2).reshape(B, T_, d))
+                return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = nn.Embedding(V, d)
+                self.pos = nn.Embedding(T, d)
+                self.blocks = nn.ModuleList(Block() for _ in range(L))
+                self.ln = nn.LayerNorm(d)
+                self.head = nn.Linear(d, V, bias=False)
+                self.head.weight = self.tok.weight
+
+            def forward(self, idx):
+                x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+                for b in self.blocks:
+                    x = b(x)
+                return self.head(self.ln(x))
+
+        torch.manual_seed(0)
+        model = GPT().to(dev)
+        g = torch.Generator(device=dev).manual_seed(0)
+        idx = torch.randint(0, V, (batch, T + 1), device=dev, generator=g)
+
+        def loss_fn():
+            logits = model(idx[:, :-1])
+            return F.cross_entropy(logits.reshape(-1, V).float(), idx[:, 1:].reshape(-1))
+
+        return model, loss_fn, batch * T, "tok/s"
+    raise SystemExit(f"unknown model {model_name}")
+
+
+def peak_rss():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# ----------------------------------------------------------------------------- child
+def child(args):
+    import torch
+
+    lms = None
+    if args.mode == "lms":
+        from lms_swap_loader import load_lms_swap
+        lms = load_lms_swap(prefer_patched=False)
+        kw = {}
+        if args.prefetch_depth is not None:
+            kw["prefetch_depth"] = args.prefetch_depth
+        if kw:
+            lms.configure(**kw)
+    result = {"model": args.model, "mode": args.mode, "batch": args.batch, "status": "ok"}
+
+    def ctx():
+        if args.mode == "stock":
+            return contextlib.nullcontext()
+        if args.mode == "save_on_cpu":
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return lms.swapping()
+
+    try:
+        model, loss_fn, units, unit_name = build(args.model, args.batch, args)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                with ctx():
+                    loss = loss_fn()
+            loss.backward()
+            opt.step()
+            return loss
+
+        times = []
+        t_start = time.perf_counter()
+        for i in range(args.warmup):
+            step()
+            torch.cuda.synchronize()
+            times.append(("warmup", time.perf_counter() - t_start))
+        s0 = lms.stats() if lms else None
+        torch.cuda.synchronize()
+        step_times = []
+        for i in range(args.steps):
+            t0 = time.perf_counter()
+            loss = step()
+            torch.cuda.synchronize()
+            step_times.append(time.perf_counter() - t0)
+        s1 = lms.stats() if lms else None
+        total = sum(step_times)
+        result.update(
+            units_per_s=units * args.steps / total,
+            unit=unit_name,
+            step_s=total / args.steps,
+            step_times=[round(t, 4) for t in step_times],
+            warmup_s=round(times[-1][1], 2) if times else 0,
+            loss=float(loss),
+        )
+        if lms:
+            n = args.steps
+            result["out_bytes_per_step"] = (s1["swap.out_bytes"] - s0["swap.out_bytes"]) / n
+            result["in_bytes_per_step"] = (s1["swap.in_bytes"] - s0["swap.in_bytes"]) / n
+            result["lms_stats"] = {k: v for k, v in s1.items() if v is not None}
+    except torch.OutOfMemoryError as e:  # includes LMSHostMemoryError
+        kind = type(e).__name__
+        result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
+        result["error"] = str(e).splitlines()[0][:300]
+    result["peak_alloc"] = torch.cuda.max_memory_allocated()
+    result["peak_reserved"] = torch.cuda.max_memory_reserved()
+    result["peak_host_rss"] = peak_rss()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------- parent
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def run_child(argv, timeout, guard_bytes, log):
+    t0 = time.perf_counter()
+    env = dict(os.environ)
+    if ALLOC_CONF:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
+    p = subprocess.Popen([sys.executable, __file__, "--child"] + argv,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, env=env)
+    min_avail = mem_available()
+    killed = None
+    out_lines = []
+    import threading
+
+    def reader():
+        for line in p.stdout:
+            out_lines.append(line)
+            log.write(line)
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    while p.poll() is None:
+        time.sleep(0.1)
+        avail = mem_available()
+        if avail is not None:
+            min_avail = min(min_avail, avail)
+            if avail < guard_bytes:
+                killed = "killed (host memory)"
+                os.killpg(p.pid, signal.SIGKILL)
+                break
+        if time.perf_counter() - t0 > timeout:
+            killed = f"timeout ({timeout}s)"
+            os.killpg(p.pid, signal.SIGKILL)
+            break
+    p.wait()
+    th.join(timeout=5)
+    wall = time.perf_counter() - t0
+    res = None
+    for line in out_lines:
+        if line.startswith("RESULT "):
+            res = json.loads(line[7:])
+    if res is None:
+        res = {"status": killed or f"exit {p.returncode}",
+               "error": "".join(out_lines[-5:])[-400:]}
+    res["wall_s"] = round(wall, 1)
+    res["min_mem_available"] = min_avail
+    res["returncode"] = p.returncode
+    return res
+
+
+def search_max_batch(model, args, log, lo, hi):
+    """Largest batch in [lo, hi) that stock trains (two steps), found in one child."""
+    argv = ["--model", model, "--search", str(lo), str(hi), "--seq-len", str(args.seq_len),
+            "--image-size", str(args.image_size)]
+    r = run_child(argv, args.timeout, int(args.host_guard_gib * GiB), log)
+    return r.get("max_batch")
+
+
+def child_search(args):
+    import torch
+    lo, hi = args.search
+    best = None
+
+    def fits(b):
+        try:
+            model, loss_fn, _, _ = build(args.model, b, args)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+            for _ in range(2):
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = loss_fn()
+                loss.backward()
+                opt.step()
+            torch.cuda.synchronize()
+            ok = True
+        except torch.OutOfMemoryError:
+            ok = False
+        model = loss_fn = opt = loss = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"search {args.model} batch {b}: {'fits' if ok else 'OOM'}", flush=True)
+        return ok
+
+    # lo fits (assumed, checked), hi does not: bisect
+    if not fits(lo):
+        print("RESULT " + json.dumps({"max_batch": None}))
+        return
+    best = lo
+    while hi - best > max(1, best // 32):
+        mid = (best + hi) // 2
+        if fits(mid):
+            best = mid
+        else:
+            hi = mid
+    print("RESULT " + json.dumps({"max_batch": best}), flush=True)
+
+
+def fmt_gib(b):
+    return "-" if b is None else f"{b / GiB:.1f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=["stock", "save_on_cpu", "lms"])
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--models", nargs="+", default=["resnet50", "gpt2"])
+    ap.add_argument("--modes", nargs="+", default=["stock", "save_on_cpu", "lms"])
+    ap.add_argument("--scales", type=float, nargs="+", default=[0.5, 1.0, 1.25, 1.5, 2.0])
+    ap.add_argument("--gpt2-scales", type=float, nargs="+", default=[1.0, 1.5, 2.0])
+    ap.add_argument("--resnet-batch", type=int, default=450,
+                    help="largest batch stock fits for ResNet-50 (FACTS.md: 450 on the H100; 0 = search)")
+    ap.add_argument("--gpt2-batch", type=int, default=0, help="same for gpt2 (0 = search)")
+    ap.add_argument("--image-size", type=int, default=448)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--alloc-conf", default="expandable_segments:True",
+                    help="PYTORCH_CUDA_ALLOC_CONF for all modes alike ('' = PyTorch's default)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--prefetch-depth", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
+    ap.add_argument("--host-guard-gib", type=float, default=6.0)
+    ap.add_argument("--out", default=str(HERE / "results"))
+    args = ap.parse_args()
+
+    if args.child:
+        if args.search:
+            return child_search(args)
+        return child(args)
+
+    global ALLOC_CONF
+    ALLOC_CONF = args.alloc_conf
+    t_begin = time.perf_counter()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "bench_log.txt", "w")
+    results = []
+    cmd = " ".join([os.path.basename(sys.executable)] + [str(pathlib.Path(a)) for a in sys.argv])
+    for model in args.models:
+        base = args.resnet_batch if model == "resnet50" else args.gpt2_batch
+        if not base:
+            lo, hi = (64, 1024) if model == "resnet50" else (4, 256)
+            base = search_max_batch(model, args, log, lo, hi)
+            print(f"[{model}] largest stock batch: {base}", flush=True)
+            if not base:
+                continue
+        stock_rate = None
+        dead = {}  # mode -> reason it failed at a smaller batch
+        for scale in (args.gpt2_scales if model == "gpt2" else args.scales):
+            batch = max(1, int(round(base * scale)))
+            for mode in args.modes:
+                elapsed = time.perf_counter() - t_begin
+                row = {"model": model, "scale": scale, "batch": batch, "mode": mode}
+                if mode in dead:
+                    row.update(status=f"skipped ({dead[mode]} at a smaller batch)")
+                elif elapsed > args.budget:
+                    row.update(status="not run (time budget)")
+                else:
+                    argv = ["--model", model, "--mode", mode, "--batch", str(batch),
+                            "--warmup", str(args.warmup), "--steps", str(args.steps),
+                            "--image-size", str(args.image_size), "--seq-len", str(args.seq_len)]
+                    if args.prefetch_depth is not None:
+                        argv += ["--prefetch-depth", str(args.prefetch_depth)]
+                    timeout = min(args.timeout, max(20.0, args.budget + 60 - elapsed))
+                    r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log)
+                    row.update({k: v for k, v in r.items() if k not in row})
+                    if row["status"] != "ok":
+                        dead[mode] = row["status"]
+                if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
+                    stock_rate = row["units_per_s"]
+                if mode == "lms" and row.get("status") == "ok" and stock_rate:
+                    comp = row["units_per_s"] * row["step_s"] / stock_rate  # units per step / rate
+                    pcie = row["out_bytes_per_step"] / D2H_BPS + row["in_bytes_per_step"] / H2D_BPS
+                    bound_step = max(comp, pcie)
+                    row["compute_step_s"] = comp
+                    row["pcie_step_s"] = pcie
+                    row["bound_step_s"] = bound_step
+                    row["frac_of_bound"] = bound_step / row["step_s"]
+                results.append(row)
+                print(summary_line(row), flush=True)
+                with open(out / "results.json", "w") as f:
+                    json.dump({"command": cmd, "results": results}, f, indent=1)
+    write_markdown(out / "results.md", cmd, results, args)
+    print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
+
+
+def summary_line(r):
+    s = f"{r['model']:8s} x{r['scale']:<4} b={r['batch']:<5} {r['mode']:11s} {r.get('status')}"
+    if r.get("status") == "ok":
+        s += f" {r['units_per_s']:.1f} {r['unit']} step {r['step_s']:.3f}s peakGPU {fmt_gib(r['peak_alloc'])}G host {fmt_gib(r.get('peak_host_rss'))}G"
+        if "out_bytes_per_step" in r:
+            s += f" out/in {fmt_gib(r['out_bytes_per_step'])}/{fmt_gib(r['in_bytes_per_step'])}G"
+        if "frac_of_bound" in r:
+            s += f" {100 * r['frac_of_bound']:.0f}% of bound"
+    elif r.get("error"):
+        s += " | " + r["error"].strip().replace("\n", " ")[:160]
+    return s
+
+
+def write_markdown(path, cmd, results, args):
+    lines = [
+        "# LMS activation swapping: benchmark results", "",
+        f"Command: `{cmd}`", "",
+        "bf16 autocast, SGD(momentum); ResNet-50 channels_last at "
+        f"{args.image_size}x{args.image_size}; gpt2 = 12 layers, d=768, 12 heads, seq {args.seq_len}, "
+        "SDPA attention. "
+        f"PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf or '(default)'} for every mode. "
+        f"{args.warmup} warm-up steps, then {args.steps} timed steps (synchronized). "
+        "Bound = max(compute, S_out/54 GB/s + S_in/53 GB/s) with compute = stock step time "
+        "at 1.0x scaled to the batch; S = bytes lms moved per step.", "",
+        "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    stock = {}
+    for r in results:
+        if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
+            stock[r["model"]] = r["units_per_s"]
+    for r in results:
+        ok = r.get("status") == "ok"
+        thr = f"{r['units_per_s']:.1f} {r['unit']}" if ok else "-"
+        rel = f"{100 * r['units_per_s'] / stock[r['model']]:.1f}%" if ok and r["model"] in stock else "-"
+        status = r.get("status", "?")
+        if not ok and r.get("error"):
+            status += ": " + r["error"].strip().splitlines()[-1][:80].replace("|", "/")
+        lines.append("| " + " | ".join([
+            r["model"], f"{r['scale']}x", str(r["batch"]), r["mode"], status, thr, rel,
+            f"{r['step_s']:.3f}" if ok else "-",
+            f"{fmt_gib(r.get('peak_alloc'))} / {fmt_gib(r.get('peak_reserved'))}" if "peak_alloc" in r else "-",
+            fmt_gib(r.get("peak_host_rss")),
+            f"{fmt_gib(r['out_bytes_per_step'])} / {fmt_gib(r['in_bytes_per_step'])}" if "out_bytes_per_step" in r else "-",
+            f"{r['bound_step_s']:.3f}" if "bound_step_s" in r else "-",
+            f"{100 * r['frac_of_bound']:.0f}%" if "frac_of_bound" in r else "-",
+        ]) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

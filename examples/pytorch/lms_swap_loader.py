@@ -1,0 +1,58 @@
+"""Load LMS activation swapping on a patched or a stock PyTorch.
+
+On a PyTorch built with the LMS patch the module ships as ``torch.cuda.lms_swap``.
+On a stock PyTorch (>= 2.4) this loader imports the same file from this repository
+(``patches/pytorch/src/torch/cuda/lms_swap.py``) under the name ``lms_swap``; it uses
+public torch APIs only, so nothing else is needed::
+
+    import sys; sys.path.insert(0, "examples/pytorch")     # or copy this file
+    from lms_swap_loader import load_lms_swap
+    lms_swap = load_lms_swap()
+    lms_swap.enable()                 # or: with lms_swap.swapping(): ...
+
+``LMS_SWAP_PATH=/path/to/lms_swap.py`` points the loader at another copy.
+``load_lms_swap(prefer_patched=False)`` takes the repository file even on a patched
+build (to test the file being edited).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pathlib
+import sys
+from types import ModuleType
+
+REPO_FILE = (pathlib.Path(__file__).resolve().parents[2]
+             / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py")
+MODULE_NAME = "lms_swap"
+
+
+def load_lms_swap(prefer_patched: bool = True) -> ModuleType:
+    """The activation-swapping module: ``torch.cuda.lms_swap`` when the running
+    PyTorch has it (and ``prefer_patched``), else the repository's file."""
+    if prefer_patched:
+        try:
+            return importlib.import_module("torch.cuda.lms_swap")
+        except ImportError:
+            pass
+    if MODULE_NAME in sys.modules:
+        return sys.modules[MODULE_NAME]
+    path = pathlib.Path(os.environ.get("LMS_SWAP_PATH", REPO_FILE))
+    if not path.is_file():
+        raise ImportError(f"lms_swap.py not found at {path} (set LMS_SWAP_PATH)")
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE_NAME] = mod  # before exec: classes pickle/refer by module name
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[MODULE_NAME]
+        raise
+    return mod
+
+
+if __name__ == "__main__":
+    m = load_lms_swap()
+    print(f"{m.__name__} from {m.__file__}")

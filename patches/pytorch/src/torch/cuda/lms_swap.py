@@ -1,0 +1,1309 @@
+r"""On-demand activation swapping with prefetch (Large Model Support, Python layer).
+
+Autograd knows which tensors the backward pass will need and in which order: the
+tensors saved in forward come back in (roughly) reverse order.  This module uses
+:class:`torch.autograd.graph.saved_tensors_hooks` to move saved activations to pinned
+host memory *only when the device is short of memory*, and to bring them back ahead of
+use in backward.
+
+Compared with :class:`torch.autograd.graph.save_on_cpu` it
+
+* does nothing while the device has room: tensors are only swapped when the device
+  allocation is near a limit (cheap, sparse checks of ``torch.cuda.memory_allocated``),
+  and tensors smaller than ``size_threshold`` are never touched;
+* learns from a step that needed swapping to swap the earliest activations of the next
+  one (longest time until backward needs them again);
+* copies device -> host on a side stream (the forward pass goes on) and frees the device
+  memory as soon as the copy has finished (``Tensor.record_stream``), with the CPU
+  throttled so that not more than ``max_inflight_bytes`` wait for a copy;
+* copies host -> device on a second side stream, prefetching the next tensors backward
+  will need (``prefetch_depth`` of them, within the device memory that is free);
+* keeps strides (channels_last stays channels_last; values and layout are restored byte
+  for byte, so gradients are bitwise equal to a run without swapping);
+* copies a tensor that autograd saved twice (e.g. the output of an in-place ReLU that
+  the next convolution saves as its input) only once;
+* uses an exact-size pool of pinned host buffers (no power-of-two rounding) under a host
+  memory limit, and raises :class:`LMSHostMemoryError` (a ``torch.OutOfMemoryError``)
+  before the machine runs out of memory.
+
+Use, on a PyTorch built with the LMS patch::
+
+    torch.cuda.set_enabled_lms(True)      # allocator LMS + this layer (calls enable())
+
+on any PyTorch >= 2.4 (this file imported on its own, see examples/pytorch/lms_swap_loader.py)::
+
+    lms_swap.enable()                     # for the calling thread, until disable()
+    with lms_swap.swapping(prefetch_depth=4):   # or scoped
+        loss = model(x).sum()
+    loss.backward()
+
+Run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` when swapping a lot: the
+caching allocator's fixed segments fragment when big tensors are freed out of order
+(seen on an H100: 19 GiB reserved but unusable, then an out-of-memory error).
+
+Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swapping`):
+
+``policy``
+    ``"auto"`` (swap under memory pressure, the default), ``"always"`` (swap every
+    eligible tensor; for tests and measurements) or ``"never"``.
+``size_threshold``
+    tensors smaller than this many bytes stay on the device (default 1 MiB; env
+    ``PYTORCH_LMS_SWAP_THRESHOLD_IN_KB``).
+``device_limit``
+    bytes of device memory the caching allocator may hold allocated before tensors are
+    swapped.  Default: the allocator's LMS limit on a patched build when it is set, else
+    ``device_limit_fraction`` (0.98) of the device's total memory.
+``margin``
+    bytes kept free at the end of forward for backward's own allocations.  Default:
+    ``margin_factor`` (1.5) times the largest saved tensor; with ``adaptive_margin``
+    (default True) the factor is learned from a step that did not swap (backward's peak
+    over the end of forward), lowered when a step's peak shows less is needed and
+    raised when backward went over the limit.
+``plan``
+    (default True) learn from each step how many bytes had to be swapped and, in the
+    next step, swap that much from the *start* of forward: the copies out then overlap
+    forward, and backward, which needs those tensors last, has all its time to bring
+    them back.  The pressure rule stays on as a safety net.
+``prefetch_depth``
+    how many swapped tensors backward fetches ahead (default 4); prefetching also stops
+    when the device's free memory would fall under what backward needs.
+``max_inflight_bytes``
+    device bytes that may wait for a device->host copy before forward waits
+    (default 1 GiB or the largest tensor seen, whichever is more); under memory
+    pressure forward waits for every earlier copy before it goes on.
+``host_limit``
+    bytes of pinned host memory for swap space.  Default: env
+    ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` (shared with the allocator's host spill), else
+    75% of the machine's RAM.  On a patched build the allocator's
+    ``torch.cuda.lms._host_reserve``/``_host_release`` account the same budget.
+``host_min_available``
+    the pool does not grow when the machine would be left with less available memory
+    than this (default max(2 GiB, 5% of RAM)).
+``trace``
+    record ``(time, event, device bytes allocated, host bytes in use)`` per pack and
+    unpack into :func:`trace` (costs a memory query per event).
+
+The hooks are per thread (as all saved-tensor hooks are): call :func:`enable` in the
+thread that runs forward.  Backward may run in autograd's threads; that is handled.
+
+Left on the device (never swapped): tensors under ``size_threshold``; parameters and
+other leaves that require grad; tensor subclasses; non-strided layouts; views with
+gaps or overlap (``x[:, ::2]``, ``expand``), and views covering less than half of their
+storage (swapping them would not free the storage).  Dense views (transposes,
+permutes, channels_last) are swapped with their strides.  An in-place change of a
+swapped tensor after it was saved raises the same error as stock autograd at
+``backward`` (detected while the saved tensor's Python object is alive).  Regions under
+other saved-tensor hooks (``torch.utils.checkpoint``) are left to those hooks.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import os
+import threading
+import time
+import weakref
+from typing import Any, Dict, List, Optional
+
+import torch
+
+__all__ = [
+    "LMSHostMemoryError",
+    "HostPool",
+    "SwapConfig",
+    "ActivationSwapper",
+    "enable",
+    "disable",
+    "is_enabled",
+    "configure",
+    "swapping",
+    "stats",
+    "reset_stats",
+    "trace",
+    "empty_cache",
+    "get_swapper",
+    "host_mem_limit_from_env",
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+ENV_HOST_LIMIT = "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB"
+ENV_THRESHOLD = "PYTORCH_LMS_SWAP_THRESHOLD_IN_KB"
+
+
+_OutOfMemoryError = (getattr(torch, "OutOfMemoryError", None)          # torch >= 2.5
+                     or getattr(torch.cuda, "OutOfMemoryError", None)     # older
+                     or RuntimeError)
+
+
+class LMSHostMemoryError(_OutOfMemoryError):
+    """Raised when swap space in pinned host memory would exceed its limit (a
+    ``torch.OutOfMemoryError``, so code that handles out-of-memory handles it too)."""
+
+
+# --------------------------------------------------------------------------------------
+# host memory facts
+# --------------------------------------------------------------------------------------
+def _meminfo() -> Dict[str, int]:
+    """/proc/meminfo in bytes ({} where unavailable)."""
+    out: Dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[1].isdigit():
+                    mult = 1024 if len(parts) > 2 and parts[2] == "kB" else 1
+                    out[parts[0].rstrip(":")] = int(parts[1]) * mult
+    except OSError:
+        pass
+    return out
+
+
+def _host_total() -> int:
+    return _meminfo().get("MemTotal", 0)
+
+
+def _host_available() -> Optional[int]:
+    return _meminfo().get("MemAvailable")
+
+
+def host_mem_limit_from_env() -> Optional[int]:
+    """Bytes given by ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB``, None when unset.
+
+    Raises ValueError for a value that is not a non-negative number.
+    """
+    raw = os.environ.get(ENV_HOST_LIMIT)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{ENV_HOST_LIMIT}={raw!r}: expected a number of MiB (e.g. 65536)"
+        ) from None
+    if mb < 0:
+        raise ValueError(f"{ENV_HOST_LIMIT}={raw!r}: must not be negative")
+    return int(mb * MiB)
+
+
+def _threshold_from_env() -> Optional[int]:
+    raw = os.environ.get(ENV_THRESHOLD)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        kb = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{ENV_THRESHOLD}={raw!r}: expected a number of KiB (e.g. 1024)"
+        ) from None
+    return int(kb * KiB)
+
+
+def _fmt(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    n = float(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _allocator_lms() -> Any:
+    """``torch.cuda.lms`` on a patched build, else None (never raises)."""
+    mod = getattr(torch.cuda, "lms", None)
+    if mod is not None and not callable(mod):
+        return mod
+    try:
+        return importlib.import_module("torch.cuda.lms")
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# exact-size pinned host pool
+# --------------------------------------------------------------------------------------
+try:
+    _PAGE = max(4096, int(os.sysconf("SC_PAGE_SIZE")))
+except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+    _PAGE = 4096
+
+
+class HostPool:
+    """Pool of host buffers of exact byte sizes, pinned with ``cudaHostRegister``.
+
+    ``torch.empty(..., pin_memory=True)`` goes through PyTorch's caching host allocator,
+    which rounds every request up to a power of two and keeps what it got: up to twice
+    the memory for activations.  This pool keeps one free list per exact size (a training
+    step asks for the same sizes every time), allocates ordinary host memory of exactly
+    the requested size and pins it in place.  With ``pin=False`` (CPU-only machines,
+    tests) the buffers are plain host memory and all accounting works the same.
+
+    ``limit`` bounds :attr:`reserved` (bytes held, in use or cached).  Growing past it
+    first releases cached free buffers of other sizes; when that is not enough
+    :class:`LMSHostMemoryError` is raised.  The pool also refuses to grow when the
+    machine would be left with less than ``min_available`` bytes of available memory.
+    ``reserve_fn(n)->bool`` / ``release_fn(n)`` (the allocator's shared accounting on a
+    patched build) are called when buffers are created and destroyed.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        pin: bool = True,
+        min_available: int = 0,
+        reserve_fn=None,
+        release_fn=None,
+        available_fn=_host_available,
+    ) -> None:
+        if limit < 0:
+            raise ValueError("host pool limit must be >= 0")
+        self.limit = int(limit)
+        self.pin = bool(pin)
+        self.min_available = int(min_available)
+        self._reserve_fn = reserve_fn
+        self._release_fn = release_fn
+        self._available_fn = available_fn
+        self._lock = threading.RLock()
+        # nbytes -> deque of (buffer, event or None); LRU order over all sizes below
+        self._free: Dict[int, collections.deque] = {}
+        self._free_order: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        self._free_bytes = 0
+        self._pending: List[tuple] = []
+        self._busy = False
+        self._ids = 0
+        self.reserved = 0
+        self.in_use = 0
+        self.peak_in_use = 0
+        self.peak_reserved = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.blocks = 0
+        self.pin_seconds = 0.0
+
+    # -- public --------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        """A uint8 host tensor of exactly ``nbytes`` bytes (pinned when ``pin``)."""
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise ValueError("HostPool.alloc: nbytes must be > 0")
+        with self._lock:
+            self._flush()
+            self._busy = True
+            try:
+                buf = self._take_free(nbytes)
+                if buf is not None:
+                    self.hits += 1
+                else:
+                    self._make_room(nbytes)
+                    buf = self._create(nbytes)
+                    self.misses += 1
+            finally:
+                self._busy = False
+            self.in_use += nbytes
+            self.peak_in_use = max(self.peak_in_use, self.in_use)
+            return buf
+
+    def free(self, buf: torch.Tensor, event=None) -> None:
+        """Return ``buf``; it is handed out again once ``event`` (if any) completed.
+
+        Safe to call from ``__del__`` at any time (also while this thread is inside
+        the pool, e.g. when the garbage collector runs): the buffer is queued and
+        taken into the free lists at the next pool operation."""
+        self._pending.append((buf, event))  # list.append is atomic
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._busy:
+                    self._flush()
+            finally:
+                self._lock.release()
+
+    def _flush(self) -> None:
+        while self._pending:
+            buf, event = self._pending.pop()
+            nbytes = buf.numel()
+            self.in_use -= nbytes
+            self._ids += 1
+            key = self._ids
+            self._free.setdefault(nbytes, collections.deque()).append((buf, event, key))
+            self._free_order[key] = nbytes
+            self._free_bytes += nbytes
+
+    def empty_cache(self) -> int:
+        """Release every cached free buffer; returns the bytes released."""
+        released = 0
+        with self._lock:
+            self._flush()
+            self._busy = True
+            try:
+                for key in list(self._free_order):
+                    released += self._evict_key(key)
+            finally:
+                self._busy = False
+        return released
+
+    def __del__(self) -> None:
+        # unpin what the pool still holds: registered pages handed back to malloc
+        # would make a later cudaHostRegister of the same pages fail
+        try:
+            self.empty_cache()
+        except Exception:
+            pass
+
+    @property
+    def cached(self) -> int:
+        with self._lock:
+            if not self._busy:
+                self._flush()
+            return self._free_bytes
+
+    def stats(self) -> Dict[str, int]:
+        with self._lock:
+            if not self._busy:
+                self._flush()
+            return {
+                "host.limit_bytes": self.limit,
+                "host.reserved_bytes": self.reserved,
+                "host.in_use_bytes": self.in_use,
+                "host.cached_bytes": self._free_bytes,
+                "host.peak_in_use_bytes": self.peak_in_use,
+                "host.peak_reserved_bytes": self.peak_reserved,
+                "host.blocks": self.blocks,
+                "host.pool_hits": self.hits,
+                "host.pool_misses": self.misses,
+                "host.evictions": self.evictions,
+                "host.pin_ms": int(self.pin_seconds * 1000),
+            }
+
+    def reset_peaks(self) -> None:
+        with self._lock:
+            self.peak_in_use = self.in_use
+            self.peak_reserved = self.reserved
+
+    # -- internals -----------------------------------------------------------------
+    def _take_free(self, nbytes: int) -> Optional[torch.Tensor]:
+        q = self._free.get(nbytes)
+        if not q:
+            return None
+        # prefer a buffer whose last copy has finished
+        pick = None
+        for i, (_buf, ev, _key) in enumerate(q):
+            if ev is None or ev.query():
+                pick = i
+                break
+        if pick is None:
+            pick = 0
+            q[0][1].synchronize()
+        buf, _ev, key = q[pick]
+        del q[pick]
+        if not q:
+            del self._free[nbytes]
+        del self._free_order[key]
+        self._free_bytes -= nbytes
+        return buf
+
+    def _evict_key(self, key: int) -> int:
+        nbytes = self._free_order.pop(key)
+        q = self._free[nbytes]
+        for i, (buf, ev, k) in enumerate(q):
+            if k == key:
+                del q[i]
+                break
+        else:  # pragma: no cover - internal invariant
+            raise AssertionError("host pool free list out of sync")
+        if not q:
+            del self._free[nbytes]
+        self._free_bytes -= nbytes
+        if ev is not None:
+            ev.synchronize()
+        self._destroy(buf)
+        self.evictions += 1
+        return nbytes
+
+    def _make_room(self, nbytes: int) -> None:
+        # 1. our own limit
+        while self.reserved + nbytes > self.limit and self._free_order:
+            self._evict_key(next(iter(self._free_order)))
+        if self.reserved + nbytes > self.limit:
+            raise LMSHostMemoryError(
+                f"LMS: host swap space exhausted: {_fmt(nbytes)} more would exceed the "
+                f"host memory limit of {_fmt(self.limit)} ({_fmt(self.in_use)} in use by "
+                f"swapped tensors). Raise {ENV_HOST_LIMIT} (MiB) or host_limit=..., lower "
+                f"the batch size, or combine swapping with torch.utils.checkpoint."
+            )
+        # 2. the machine
+        if self.min_available > 0 and self._available_fn is not None:
+            avail = self._available_fn()
+            while (
+                avail is not None
+                and avail - nbytes < self.min_available
+                and self._free_order
+            ):
+                self._evict_key(next(iter(self._free_order)))
+                avail = self._available_fn()
+            if avail is not None and avail - nbytes < self.min_available:
+                raise LMSHostMemoryError(
+                    f"LMS: host memory nearly exhausted: {_fmt(nbytes)} more swap space "
+                    f"would leave {_fmt(avail - nbytes)} available on this machine (keeping "
+                    f"at least {_fmt(self.min_available)} free so the OOM killer does not "
+                    f"end the process); {_fmt(self.in_use)} in use by swapped tensors, "
+                    f"limit {_fmt(self.limit)}. Lower the batch size or free host memory."
+                )
+        # 3. the allocator's shared budget (patched build)
+        if self._reserve_fn is not None:
+            while not self._reserve_fn(nbytes):
+                if not self._free_order:
+                    raise LMSHostMemoryError(
+                        f"LMS: host memory limit shared with the CUDA allocator's LMS "
+                        f"reached: cannot reserve {_fmt(nbytes)} more swap space "
+                        f"({_fmt(self.reserved)} held by activation swapping). Raise "
+                        f"{ENV_HOST_LIMIT} (MiB) or lower the batch size."
+                    )
+                self._evict_key(next(iter(self._free_order)))
+
+    def _create(self, nbytes: int) -> torch.Tensor:
+        try:
+            if self.pin:
+                # Pin whole pages that belong to this buffer only: cudaHostRegister
+                # fails (cudaErrorHostMemoryAlreadyRegistered) when two registrations
+                # share a page, which small heap allocations do.  Cost: <= 2 pages.
+                page = _PAGE
+                raw = torch.empty(nbytes + 2 * page, dtype=torch.uint8)
+                base = raw.data_ptr()
+                start = (base + page - 1) // page * page
+                buf = raw[start - base:start - base + nbytes]
+                t0 = time.perf_counter()
+                rt = torch.cuda.cudart()
+                err = rt.cudaHostRegister(start, (nbytes + page - 1) // page * page, 0)
+                self.pin_seconds += time.perf_counter() - t0
+                if int(err) != 0:
+                    clear = getattr(rt, "cudaGetLastError", None)
+                    if clear is not None:
+                        clear()
+                    raise LMSHostMemoryError(
+                        f"LMS: cudaHostRegister of {_fmt(nbytes)} failed (error "
+                        f"{int(err)}); {_fmt(self.reserved)} already pinned for swapping."
+                    )
+            else:
+                buf = torch.empty(nbytes, dtype=torch.uint8)
+        except BaseException:
+            if self._reserve_fn is not None and self._release_fn is not None:
+                self._release_fn(nbytes)
+            raise
+        self.reserved += nbytes
+        self.blocks += 1
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return buf
+
+    def _destroy(self, buf: torch.Tensor) -> None:
+        nbytes = buf.numel()
+        if self.pin:
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+        self.reserved -= nbytes
+        self.blocks -= 1
+        if self._release_fn is not None:
+            self._release_fn(nbytes)
+        del buf
+
+
+# --------------------------------------------------------------------------------------
+# configuration and policy
+# --------------------------------------------------------------------------------------
+class SwapConfig:
+    """Tunables of :class:`ActivationSwapper` (see the module docstring)."""
+
+    _fields = {
+        "policy": "auto",
+        "size_threshold": 1 * MiB,
+        "device_limit": None,
+        "device_limit_fraction": 0.98,
+        "margin": None,
+        "margin_factor": 1.5,
+        "adaptive_margin": True,
+        "min_margin": 512 * MiB,
+        "prefetch_depth": 4,
+        "max_inflight_bytes": 1 * GiB,
+        "query_every": 8,
+        "plan": True,
+        "host_limit": None,
+        "host_min_available": None,
+        "dedupe": True,
+        "min_storage_fraction": 0.5,
+        "trace": False,
+        "device_type": "cuda",
+    }
+
+    def __init__(self, **kw: Any) -> None:
+        for k, v in self._fields.items():
+            setattr(self, k, v)
+        env_thr = _threshold_from_env()
+        if env_thr is not None:
+            self.size_threshold = env_thr
+        self.update(**kw)
+
+    def update(self, **kw: Any) -> "SwapConfig":
+        for k, v in kw.items():
+            if k not in self._fields:
+                raise TypeError(
+                    f"unknown LMS swap option {k!r}; known: {', '.join(sorted(self._fields))}"
+                )
+            setattr(self, k, v)
+        self.validate()
+        return self
+
+    def validate(self) -> None:
+        if self.policy not in ("auto", "always", "never"):
+            raise ValueError(f"policy must be 'auto', 'always' or 'never', not {self.policy!r}")
+        if int(self.size_threshold) < 0:
+            raise ValueError("size_threshold must be >= 0 bytes")
+        if not (0.0 < float(self.device_limit_fraction) <= 1.0):
+            raise ValueError("device_limit_fraction must be in (0, 1]")
+        if self.device_limit is not None and int(self.device_limit) <= 0:
+            raise ValueError("device_limit must be > 0 bytes")
+        if int(self.prefetch_depth) < 0:
+            raise ValueError("prefetch_depth must be >= 0")
+        if int(self.max_inflight_bytes) <= 0:
+            raise ValueError("max_inflight_bytes must be > 0")
+        if self.host_limit is not None and int(self.host_limit) < 0:
+            raise ValueError("host_limit must be >= 0 bytes")
+        if int(self.query_every) < 1:
+            raise ValueError("query_every must be >= 1")
+        if self.device_type not in ("cuda", "cpu"):
+            raise ValueError("device_type must be 'cuda' (or 'cpu' for tests)")
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {k: getattr(self, k) for k in self._fields}
+
+
+def _dense_span(t: torch.Tensor) -> bool:
+    """True when t's elements fill [storage_offset, storage_offset + numel) exactly
+    once (contiguous in some order of dimensions: contiguous, channels_last,
+    transposes, permutes); False for gaps (slices with steps) or overlap (expand)."""
+    if t.is_contiguous():
+        return True
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.size()) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def swap_trigger(device_limit: int, margin: int) -> int:
+    """Device bytes allocated above which forward swaps what it saves: the limit less
+    the room backward needs on top of what forward leaves (``margin``).  Tensors that
+    wait for their copy to the host are bounded separately (``max_inflight_bytes``:
+    forward waits for copies beyond it)."""
+    return int(device_limit) - int(margin)
+
+
+def should_swap(nbytes: int, allocated: int, device_limit: int, margin: int) -> bool:
+    """The pressure rule: swap a saved tensor of ``nbytes`` when the device allocation
+    (which already holds it) plus as much again (the next layer's output is usually of
+    that size) is above :func:`swap_trigger`.  (Measured on the H100: without the second
+    ``nbytes`` forward ran ~4 GiB further and ResNet-50 at 1.5x ran out of memory.)"""
+    return allocated + nbytes > swap_trigger(device_limit, margin)
+
+
+def next_plan(swapped: int, forward_end: int, inflight: int, trigger: int, slack: int) -> int:
+    """Bytes to swap from the *start* of the next forward.
+
+    Swapping the first tensors of forward is best: their copy out overlaps the rest of
+    forward and backward needs them last, so their copy in overlaps backward.  This step
+    swapped ``swapped`` bytes and ended forward with ``forward_end`` bytes allocated, of
+    which ``inflight`` still wait for their copy (and will be freed): keeping the end of
+    forward ``slack`` under the trigger needs ``swapped + (end - inflight) - trigger +
+    slack`` bytes swapped (too much swapping shows as an end below the trigger and
+    lowers the plan)."""
+    return max(0, int(swapped) + int(forward_end) - int(inflight) - int(trigger) + int(slack))
+
+
+def learn_margin(
+    forward_end_allocated: int,
+    peak_before: int,
+    peak_after: int,
+    min_margin: int,
+) -> int:
+    """Backward's extra memory, learned after a step.
+
+    ``peak_after - forward_end_allocated`` bounds what backward allocated on top of what
+    forward left (exact when the step set a new peak, ``peak_after > peak_before``; an
+    upper bound otherwise).  Never below ``min_margin``."""
+    extra = max(0, int(peak_after) - int(forward_end_allocated))
+    return max(int(min_margin), int(extra * 1.05))
+
+
+# --------------------------------------------------------------------------------------
+# the swapper
+# --------------------------------------------------------------------------------------
+class _Swapped:
+    """What autograd holds for a swapped tensor (the packed object)."""
+
+    __slots__ = (
+        "owner", "nbytes", "size", "stride", "dtype", "device", "host",
+        "d2h_event", "gpu", "gpu_stream", "h2d_event", "refs", "unpacks", "index",
+        "orig", "version", "pass_id", "__weakref__",
+    )
+
+    def __del__(self) -> None:
+        owner = self.owner
+        if owner is not None and self.host is not None:
+            try:
+                owner._release(self)
+            except Exception:
+                pass
+
+
+class _DevState:
+    __slots__ = (
+        "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
+        "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
+        "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
+    )
+
+    def __init__(self, index: Optional[int]) -> None:
+        self.index = index
+        self.d2h = None
+        self.h2d = None
+        self.est = 0
+        self.since_query = 1 << 30
+        self.order: List[weakref.ref] = []
+        self.inflight: collections.deque = collections.deque()
+        self.inflight_bytes = 0
+        self.margin: Optional[int] = None
+        self.fwd_end: Optional[int] = None
+        self.peak_before: Optional[int] = None
+        self.largest = 0
+        self.swapped_in_fwd = 0
+        self.limit: Optional[int] = None
+        self.k: Optional[float] = None  # learned margin / largest saved tensor
+        self.cursor = 0      # lowest pack position consumed in this backward
+        self.plan = 0        # bytes to swap from the start of forward (learned)
+        self.planned = 0     # bytes swapped by the plan in this forward
+        self.reactive = 0    # bytes swapped under pressure in this forward
+
+
+class ActivationSwapper:
+    """Saved-tensor hooks that swap activations to host memory under pressure.
+
+    An instance is a context manager (like ``save_on_cpu``)::
+
+        swapper = ActivationSwapper(prefetch_depth=6)
+        with swapper:
+            loss = model(x)
+        loss.backward()
+
+    It can be entered several times (and in several threads); all uses share one host
+    pool and one set of statistics.
+    """
+
+    def __init__(self, pool: Optional[HostPool] = None, **kw: Any) -> None:
+        self.config = SwapConfig(**kw)
+        self._lock = threading.RLock()
+        self._pool = pool
+        self._dev: Dict[Any, _DevState] = {}
+        self._dedupe: Dict[int, tuple] = {}
+        self._phase = "idle"
+        self._pass_id = 0
+        self._prefetch_pending = False
+        self._kept_unpacks = 0
+        self._trace: List[tuple] = []
+        self._t0 = time.perf_counter()
+        self._tls = threading.local()  # per-thread stack of entered hooks
+        self._reset_counters()
+
+    # -- configuration -------------------------------------------------------------
+    def configure(self, **kw: Any) -> "ActivationSwapper":
+        with self._lock:
+            self.config.update(**kw)
+            if "host_limit" in kw or "host_min_available" in kw:
+                if self._pool is not None:
+                    lim, minav = self._host_limits()
+                    self._pool.limit, self._pool.min_available = lim, minav
+            for st in self._dev.values():
+                st.limit = None
+                if "margin" in kw:
+                    st.margin = None
+        return self
+
+    def _host_limits(self) -> tuple:
+        cfg = self.config
+        total = _host_total()
+        limit = cfg.host_limit
+        if limit is None:
+            limit = host_mem_limit_from_env()
+        if limit is None:
+            limit = int(total * 0.75) if total else 64 * GiB
+        minav = cfg.host_min_available
+        if minav is None:
+            minav = max(2 * GiB, int(total * 0.05)) if total else 0
+        return int(limit), int(minav)
+
+    @property
+    def pool(self) -> HostPool:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    limit, minav = self._host_limits()
+                    lms = _allocator_lms()
+                    reserve = getattr(lms, "_host_reserve", None) if lms else None
+                    release = getattr(lms, "_host_release", None) if lms else None
+                    if reserve is None or release is None:
+                        reserve = release = None
+                    pin = self.config.device_type == "cuda" and torch.cuda.is_available()
+                    self._pool = HostPool(
+                        limit, pin=pin, min_available=minav,
+                        reserve_fn=reserve, release_fn=release,
+                    )
+        return self._pool
+
+    # -- context manager / hooks ---------------------------------------------------
+    def __enter__(self) -> "ActivationSwapper":
+        h = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        h.__enter__()
+        stack = getattr(self._tls, "hooks", None)
+        if stack is None:
+            stack = self._tls.hooks = []
+        stack.append(h)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        h = self._tls.hooks.pop()
+        h.__exit__(*exc)
+
+    # -- statistics ----------------------------------------------------------------
+    def _reset_counters(self) -> None:
+        self.c = collections.Counter()
+        self.throttle_s = 0.0
+
+    def stats(self) -> Dict[str, Any]:
+        with self._lock:
+            out: Dict[str, Any] = {
+                "swap." + k: v for k, v in sorted(self.c.items())
+            }
+            out["swap.throttle_wait_ms"] = int(self.throttle_s * 1000)
+            for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
+                        "kept_bytes", "small_count", "dedupe_hits", "prefetched",
+                        "prefetch_hits", "fetched_on_demand", "memory_queries",
+                        "planned_count", "reactive_count", "throttle_waits"):
+                out.setdefault("swap." + key, 0)
+            for dev, st in self._dev.items():
+                tag = f"dev{dev}" if dev is not None else "cpu"
+                out[f"policy.{tag}.margin_bytes"] = st.margin
+                out[f"policy.{tag}.device_limit_bytes"] = st.limit
+                out[f"policy.{tag}.plan_bytes"] = st.plan
+            if self._pool is not None:
+                out.update(self._pool.stats())
+            return out
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._reset_counters()
+            self._trace.clear()
+            if self._pool is not None:
+                self._pool.reset_peaks()
+
+    def trace(self) -> List[tuple]:
+        with self._lock:
+            return list(self._trace)
+
+    def empty_cache(self) -> int:
+        return self._pool.empty_cache() if self._pool is not None else 0
+
+    # -- device helpers --------------------------------------------------------------
+    def _state(self, t: torch.Tensor) -> _DevState:
+        key = t.device.index if t.device.type == "cuda" else None
+        st = self._dev.get(key)
+        if st is None:
+            st = _DevState(key)
+            if key is not None:
+                st.d2h = torch.cuda.Stream(device=t.device)
+                st.h2d = torch.cuda.Stream(device=t.device)
+            self._dev[key] = st
+        return st
+
+    def _device_limit(self, st: _DevState) -> int:
+        if st.limit is None:
+            cfg = self.config
+            if cfg.device_limit is not None:
+                st.limit = int(cfg.device_limit)
+            elif st.index is None:
+                st.limit = 1 << 62
+            else:
+                lim = 0
+                lms = _allocator_lms()
+                get = getattr(lms, "get_limit_lms", None) if lms else None
+                if get is None:
+                    get = getattr(torch.cuda, "get_limit_lms", None)
+                if get is not None:
+                    try:
+                        lim = int(get())
+                    except Exception:
+                        lim = 0
+                total = torch.cuda.get_device_properties(st.index).total_memory
+                if lim <= 0 or lim > total:
+                    lim = int(total * float(cfg.device_limit_fraction))
+                st.limit = lim
+        return st.limit
+
+    def _margin(self, st: _DevState) -> int:
+        """Room left at the end of forward for backward's own allocations: a fixed
+        ``margin``, else ``margin_factor`` (learned) times the largest saved tensor
+        (backward's gradients are about that size, a few at a time)."""
+        cfg = self.config
+        if cfg.margin is not None:
+            st.margin = int(cfg.margin)
+        else:
+            k = st.k if st.k is not None else float(cfg.margin_factor)
+            st.margin = max(int(cfg.min_margin), int(k * st.largest))
+        return st.margin
+
+    def _allocated(self, st: _DevState) -> int:
+        self.c["memory_queries"] += 1
+        if st.index is None:
+            return 0
+        return torch.cuda.memory_allocated(st.index)
+
+    def _inflight_allowance(self, st: _DevState) -> int:
+        return max(int(self.config.max_inflight_bytes), st.largest)
+
+    def _record_trace(self, st: _DevState, what: str) -> None:
+        alloc = self._allocated(st) if st.index is not None else 0
+        host = self._pool.in_use if self._pool is not None else 0
+        self._trace.append((time.perf_counter() - self._t0, what, alloc, host))
+
+    # -- phases ----------------------------------------------------------------------
+    def _begin_forward(self) -> None:
+        """First pack after a backward: learn the margin, start a new order."""
+        self._phase = "fwd"
+        self._dedupe.clear()
+        self._prefetch_pending = False
+        for st in self._dev.values():
+            if (st.index is not None and st.fwd_end is not None and st.largest
+                    and self.config.adaptive_margin and self.config.margin is None):
+                peak = torch.cuda.max_memory_allocated(st.index)
+                extra = learn_margin(st.fwd_end, st.peak_before or 0, peak,
+                                     int(self.config.min_margin))
+                k = st.k if st.k is not None else float(self.config.margin_factor)
+                if st.swapped_in_fwd == 0 and peak > (st.peak_before or 0):
+                    # a step without swapping that set a new peak: backward's extra
+                    # memory is exactly peak - forward end
+                    st.k = extra / st.largest
+                elif peak > (st.peak_before or 0) and peak > self._device_limit(st):
+                    st.k = k * 1.1  # this step's backward went over the limit
+                else:
+                    # peak - forward end bounds this step's extra from above (the
+                    # peak may be older; prefetches count in): only ever lower k by it
+                    st.k = min(k, extra / st.largest)
+            st.fwd_end = None
+            st.since_query = 1 << 30
+            st.est = 0
+            alive = [r for r in st.order if r() is not None]
+            for i, r in enumerate(alive):
+                h = r()
+                if h is not None:
+                    h.index = i
+            st.order = alive
+            st.swapped_in_fwd = 0
+            st.planned = 0
+            st.reactive = 0
+
+    def _begin_backward(self) -> None:
+        self._phase = "bwd"
+        self._pass_id += 1
+        self._dedupe.clear()
+        self._kept_unpacks = 0
+        self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
+        for st in self._dev.values():
+            st.cursor = len(st.order)
+            if st.index is not None and self.config.policy == "auto":
+                st.fwd_end = self._allocated(st)
+                st.peak_before = torch.cuda.max_memory_allocated(st.index)
+                if self.config.plan:
+                    trig = swap_trigger(self._device_limit(st), self._margin(st))
+                    if st.planned + st.reactive == 0 and st.fwd_end <= trig:
+                        st.plan = 0
+                    else:
+                        st.plan = next_plan(st.planned + st.reactive, st.fwd_end,
+                                            st.inflight_bytes, trig,
+                                            max(256 * MiB, self._device_limit(st) // 128))
+            self._drain(st, wait=False)
+
+    # -- pack ------------------------------------------------------------------------
+    def _pack(self, t: torch.Tensor) -> Any:
+        cfg = self.config
+        if (cfg.policy == "never" or t.device.type != cfg.device_type
+                or t.layout != torch.strided):
+            return t
+        tt = type(t)
+        if tt is not torch.Tensor:
+            return t  # parameters, subclasses (DTensor, fake tensors, ...)
+        if t.is_leaf and t.requires_grad:
+            return t
+        nbytes = t.numel() * t.element_size()
+        with self._lock:
+            if self._phase != "fwd":
+                self._begin_forward()
+            if nbytes < cfg.size_threshold or nbytes == 0:
+                self.c["small_count"] += 1
+                return t
+            if cfg.dedupe:
+                ent = self._dedupe.get(id(t))
+                if ent is not None and ent[0]() is t and ent[1] == t._version:
+                    if ent[2] is None:
+                        self.c["dedupe_hits"] += 1
+                        return t
+                    h = ent[2]()
+                    if h is not None and h.owner is not None:
+                        self.c["dedupe_hits"] += 1
+                        h.refs += 1
+                        return h
+            st = self._state(t)
+            if nbytes > st.largest:
+                st.largest = nbytes
+            swap, wait = self._decide(st, t, nbytes)
+            h = self._swap_out(st, t, nbytes, wait) if swap else None
+            if h is None:
+                self.c["kept_count"] += 1
+                self.c["kept_bytes"] += nbytes
+            if cfg.dedupe:
+                # weak references only: an abandoned graph must free its buffers
+                self._dedupe[id(t)] = (weakref.ref(t), t._version,
+                                       None if h is None else weakref.ref(h))
+            if cfg.trace:
+                self._record_trace(st, "out" if h is not None else "keep")
+            return t if h is None else h
+
+    def _decide(self, st: _DevState, t: torch.Tensor, nbytes: int) -> tuple:
+        """(swap it?, wait for earlier copies if too many are in flight?)"""
+        cfg = self.config
+        if not _dense_span(t):
+            self.c["not_dense_kept"] += 1
+            return False, False
+        try:
+            storage_bytes = t.untyped_storage().nbytes()
+        except Exception:
+            return False, False
+        if storage_bytes and nbytes < cfg.min_storage_fraction * storage_bytes:
+            # a small view of a big storage: swapping it would not free the storage
+            self.c["partial_view_kept"] += 1
+            return False, False
+        if cfg.policy == "always":
+            return True, True
+        pressure = self._pressure(st, nbytes)
+        if st.planned < st.plan:
+            st.planned += nbytes
+            self.c["planned_count"] += 1
+            return True, pressure > 0
+        if pressure == 2:
+            st.reactive += nbytes
+            self.c["reactive_count"] += 1
+            return True, True
+        if pressure == 1:
+            # over the trigger only because copies to the host are still running:
+            # their memory comes back when they end, so wait instead of swapping more
+            self._drain(st, wait=True, allowance=0)
+        return False, False
+
+    def _pressure(self, st: _DevState, nbytes: int) -> int:
+        """0: the device allocation (which includes the tensor being saved) is under
+        the trigger; 1: over it, but not after the tensors still being copied to the
+        host are freed; 2: over it.  Queries the allocator only every ``query_every``
+        tensors while the estimate stays far below the trigger."""
+        trigger = swap_trigger(self._device_limit(st), self._margin(st))
+        st.since_query += 1
+        slack = max(2 * st.largest, 1 * GiB)
+        if st.est + nbytes <= trigger - slack and st.since_query < self.config.query_every:
+            st.est += nbytes
+            return 0
+        alloc = self._allocated(st)
+        st.est = alloc
+        st.since_query = 0
+        if not should_swap(nbytes, alloc, self._device_limit(st), self._margin(st)):
+            return 0
+        self._drain(st, wait=False)
+        if should_swap(nbytes, alloc - st.inflight_bytes, self._device_limit(st),
+                       self._margin(st)):
+            return 2
+        return 1
+
+    def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
+                  wait: bool = True) -> Optional[_Swapped]:
+        host = self.pool.alloc(nbytes)  # may raise LMSHostMemoryError
+        h = _Swapped()
+        h.owner = self  # from here on, dropping h returns the host buffer
+        h.d2h_event = None
+        h.nbytes = nbytes
+        h.size = t.size()
+        h.stride = t.stride()
+        h.dtype = t.dtype
+        h.device = t.device
+        h.host = host
+        h.gpu = None
+        h.gpu_stream = None
+        h.h2d_event = None
+        h.refs = 1
+        h.unpacks = 0
+        h.pass_id = -1
+        h.version = t._version
+        h.orig = weakref.ref(t)
+        src = t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
+        if st.index is None:
+            host.copy_(src)
+            h.d2h_event = None
+        else:
+            cur = torch.cuda.current_stream(t.device)
+            st.d2h.wait_stream(cur)
+            with torch.cuda.stream(st.d2h):
+                host.copy_(src, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(st.d2h)
+            # the caching allocator must not reuse t's memory before the copy ran
+            t.record_stream(st.d2h)
+            h.d2h_event = ev
+            st.inflight.append((ev, nbytes))
+            st.inflight_bytes += nbytes
+            if wait and self.config.policy == "auto":
+                # under pressure: let no earlier copy wait, so the device allocation
+                # never goes more than this tensor over the trigger
+                self._drain(st, wait=True, allowance=nbytes)
+            else:
+                self._drain(st, wait=wait)
+        h.index = len(st.order)
+        st.order.append(weakref.ref(h))
+        st.swapped_in_fwd += 1
+        self.c["out_count"] += 1
+        self.c["out_bytes"] += nbytes
+        return h
+
+    def _drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
+        """Forget finished device->host copies; with ``wait``, block until not more
+        than the in-flight allowance is waiting."""
+        if allowance is None:
+            allowance = self._inflight_allowance(st)
+        while st.inflight:
+            ev, n = st.inflight[0]
+            if not ev.query():
+                if not wait or st.inflight_bytes <= allowance:
+                    break
+                t0 = time.perf_counter()
+                ev.synchronize()
+                self.throttle_s += time.perf_counter() - t0
+                self.c["throttle_waits"] += 1
+            st.inflight.popleft()
+            st.inflight_bytes -= n
+
+    # -- unpack ----------------------------------------------------------------------
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _Swapped):
+            if self._phase == "fwd":
+                with self._lock:
+                    if self._phase == "fwd":
+                        self._begin_backward()
+            if self._prefetch_pending:
+                # backward is still in the part it kept on the device: use the time to
+                # bring back the first swapped tensors it will need
+                self._kept_unpacks += 1
+                if self._kept_unpacks % 4 == 0 and self.config.prefetch_depth > 0:
+                    with self._lock:
+                        st = self._dev.get(packed.device.index
+                                           if packed.device.type == "cuda" else None)
+                        if st is not None and st.order:
+                            self._prefetch(st, st.cursor, packed.device)
+            return packed
+        h = packed
+        with self._lock:
+            if self._phase == "fwd":
+                self._begin_backward()
+            st = self._dev[h.device.index if h.device.type == "cuda" else None]
+            if h.gpu is None:
+                t = self._fetch(st, h)
+                self.c["fetched_on_demand"] += 1
+            else:
+                t = h.gpu
+                self.c["prefetch_hits"] += 1
+            if h.pass_id != self._pass_id:
+                h.pass_id = self._pass_id
+                h.unpacks = 0
+            h.unpacks += 1
+            if h.unpacks >= h.refs:
+                h.gpu = None  # autograd holds it while the node runs; refetch if needed
+            if st.index is not None:
+                cur = torch.cuda.current_stream(h.device)
+                cur.wait_event(h.h2d_event)
+                if h.gpu_stream != cur:
+                    t.record_stream(cur)
+            if h.index < st.cursor:
+                st.cursor = h.index
+            if self.config.prefetch_depth > 0:
+                self._prefetch(st, h.index, h.device)
+            if self.config.trace:
+                self._record_trace(st, "in")
+        orig = h.orig()
+        if orig is not None and orig._version != h.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified "
+                f"by an inplace operation: [{h.dtype} {list(h.size)}] is at version "
+                f"{orig._version}; expected version {h.version} instead (the tensor was "
+                "swapped out by LMS activation swapping when it was saved)."
+            )
+        return t
+
+    def _fetch(self, st: _DevState, h: _Swapped) -> torch.Tensor:
+        if st.index is None:
+            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
+            dst.as_strided((dst.numel(),), (1,), 0).view(torch.uint8).copy_(h.host)
+            h.gpu = dst
+            self.c["in_count"] += 1
+            self.c["in_bytes"] += h.nbytes
+            return dst
+        cur = torch.cuda.current_stream(h.device)
+        try:
+            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
+        except _OutOfMemoryError:
+            # copies still running hold memory that the allocator frees once they end
+            torch.cuda.synchronize(h.device)
+            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
+        # dst may reuse memory that work queued on `cur` still reads
+        st.h2d.wait_stream(cur)
+        st.h2d.wait_event(h.d2h_event)
+        with torch.cuda.stream(st.h2d):
+            dst.as_strided((dst.numel(),), (1,), 0).view(torch.uint8).copy_(
+                h.host, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(st.h2d)
+        dst.record_stream(st.h2d)
+        h.gpu = dst
+        h.gpu_stream = cur
+        h.h2d_event = ev
+        self.c["in_count"] += 1
+        self.c["in_bytes"] += h.nbytes
+        return dst
+
+    def _prefetch(self, st: _DevState, start: int, device: torch.device) -> None:
+        """Fetch the next ``prefetch_depth`` swapped tensors below position ``start``
+        of the pack order (backward needs them in about that order), as far as the
+        device has memory to spare for them beyond what backward itself needs."""
+        depth = int(self.config.prefetch_depth)
+        order = st.order
+        j = min(start, len(order)) - 1
+        count = 0
+        free = None
+        fetched = 0
+        reserve = 3 * st.largest + 256 * MiB  # backward's own gradients, workspaces
+        limit = self._device_limit(st)
+        while j >= 0 and count < depth:
+            c = order[j]()
+            j -= 1
+            if c is None or c.pass_id == self._pass_id or c.owner is None:
+                continue
+            if c.device != device:
+                continue
+            count += 1
+            if c.gpu is not None:
+                continue
+            if free is None:
+                free = limit - self._allocated(st) - reserve
+            if fetched + c.nbytes > free:
+                self.c["prefetch_deferred"] += 1
+                break
+            self._fetch(st, c)
+            fetched += c.nbytes
+            self.c["prefetched"] += 1
+
+    # -- release -----------------------------------------------------------------------
+    def _release(self, h: _Swapped) -> None:
+        host, h.host = h.host, None
+        ev = h.h2d_event if h.h2d_event is not None else h.d2h_event
+        h.gpu = None
+        if self._pool is not None and host is not None:
+            self._pool.free(host, ev)  # safe from any thread, never blocks
+
+
+# --------------------------------------------------------------------------------------
+# module-level API (what torch.cuda.set_enabled_lms calls)
+# --------------------------------------------------------------------------------------
+_default: Optional[ActivationSwapper] = None
+_default_lock = threading.Lock()
+_tls = threading.local()
+
+
+def get_swapper() -> ActivationSwapper:
+    """The process-wide swapper used by :func:`enable` and :func:`swapping`."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = ActivationSwapper()
+    return _default
+
+
+def configure(**kw: Any) -> ActivationSwapper:
+    """Change tunables of the process-wide swapper (see the module docstring)."""
+    return get_swapper().configure(**kw)
+
+
+def enable(**kw: Any) -> None:
+    """Swap saved activations under memory pressure in the calling thread until
+    :func:`disable`.  Keyword arguments are tunables (see the module docstring).
+    Calling it again while enabled only applies the tunables."""
+    sw = get_swapper()
+    if kw:
+        sw.configure(**kw)
+    if getattr(_tls, "enabled", False):
+        return
+    sw.__enter__()
+    _tls.enabled = True
+
+
+def disable() -> None:
+    """Undo :func:`enable` in the calling thread (saved tensors already swapped still
+    come back in backward).  Hooks entered after :func:`enable` must be left first."""
+    if not getattr(_tls, "enabled", False):
+        return
+    get_swapper().__exit__(None, None, None)
+    _tls.enabled = False
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` is in effect in the calling thread."""
+    return bool(getattr(_tls, "enabled", False))
+
+
+@contextlib.contextmanager
+def swapping(**kw: Any):
+    """Context manager form: ``with swapping(): loss = model(x)``.  Uses the
+    process-wide swapper (one pinned pool, learned margins and statistics kept from
+    step to step); keyword arguments are applied to it with :func:`configure` and stay
+    in effect."""
+    sw = get_swapper()
+    if kw:
+        sw.configure(**kw)
+    with sw:
+        yield sw
+
+
+def stats() -> Dict[str, Any]:
+    """Counters of the process-wide swapper (``swap.*``, ``host.*``, ``policy.*``)."""
+    return get_swapper().stats()
+
+
+def reset_stats() -> None:
+    get_swapper().reset_stats()
+
+
+def trace() -> List[tuple]:
+    """``(seconds, event, device bytes allocated, host bytes in use)`` per pack/unpack
+    recorded while ``trace=True``."""
+    return get_swapper().trace()
+
+
+def empty_cache() -> int:
+    """Release cached pinned host buffers (those not holding a swapped tensor)."""
+    return get_swapper().empty_cache()

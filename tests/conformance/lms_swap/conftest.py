@@ -1,0 +1,59 @@
+"""Fixtures for the GPU conformance tests of LMS activation swapping (lms_swap.py).
+
+They load the repository's ``patches/pytorch/src/torch/cuda/lms_swap.py`` (the file that
+ships in the patch) on whatever PyTorch is installed (stock torch 2.11 on the GPU machine).
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+LMS_SWAP = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py"
+
+
+def _load():
+    name = "lms_swap"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, LMS_SWAP)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def lms_swap():
+    pytest.importorskip("torch")
+    return _load()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deterministic_kernels():
+    """Bitwise comparisons need deterministic kernels (cuDNN's default weight-gradient
+    algorithms use atomics, so even two stock runs can differ in the last bit)."""
+    torch = pytest.importorskip("torch")
+    old = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old
+
+
+@pytest.fixture
+def cuda_clean():
+    """Skips without CUDA; collects garbage around the test.  (Device memory is not
+    compared here: cuBLAS/cuDNN keep per-stream workspaces in the caching allocator;
+    the leak tests compare memory after a warm-up round instead.)"""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA not available")
+    gc.collect()
+    torch.cuda.synchronize()
+    yield
+    gc.collect()
+    torch.cuda.synchronize()

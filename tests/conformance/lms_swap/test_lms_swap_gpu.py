@@ -1,0 +1,434 @@
+"""GPU conformance of LMS activation swapping (lms_swap.py) against stock PyTorch.
+
+Every test trains the same model twice, once stock and once with swapping, and compares
+losses and gradients with torch.equal (bitwise): swapping only copies bytes.
+Run on the GPU machine:  python -m pytest -m gpu tests/conformance/lms_swap -v
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+
+
+def _net(channels_last=True, inplace=True):
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=inplace)]
+    for _ in range(4):
+        layers += [nn.Conv2d(32, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=inplace)]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)]
+    m = nn.Sequential(*layers).cuda()
+    if channels_last:
+        m = m.to(memory_format=torch.channels_last)
+    return m
+
+
+def _batch(n=16, hw=96, channels_last=True):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(n, 3, hw, hw, device="cuda", generator=g)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (n,), device="cuda", generator=g)
+    return x, y
+
+
+def _step(model, x, y, ctx, amp=None, steps=2):
+    """Train `steps` SGD steps; returns (losses, grads of the last step, params)."""
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        with ctx():
+            with (torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()):
+                loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        losses.append(loss.detach().clone())
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        opt.step()
+    torch.cuda.synchronize()
+    params = [p.detach().clone() for p in model.parameters()]
+    return losses, grads, params
+
+
+def _assert_bitwise(a, b):
+    la, ga, pa = a
+    lb, gb, pb = b
+    for u, v in zip(la, lb):
+        assert torch.equal(u, v), (u, v)
+    assert len(ga) == len(gb)
+    for i, (u, v) in enumerate(zip(ga, gb)):
+        assert u.dtype == v.dtype and u.shape == v.shape
+        assert torch.equal(u, v), f"gradient {i} differs"
+    for u, v in zip(pa, pb):
+        assert torch.equal(u, v)
+
+
+def _swapper(lms_swap, **kw):
+    kw.setdefault("size_threshold", 64 * 1024)
+    return lms_swap.ActivationSwapper(**kw)
+
+
+def test_stock_is_deterministic_here(cuda_clean):
+    """The baseline of every comparison: two stock runs are bitwise equal."""
+    x, y = _batch()
+    _assert_bitwise(_step(_net(), x, y, contextlib.nullcontext),
+                    _step(_net(), x, y, contextlib.nullcontext))
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_bitwise_equal_always_swap(lms_swap, cuda_clean, amp, channels_last):
+    x, y = _batch(channels_last=channels_last)
+    ref = _step(_net(channels_last), x, y, contextlib.nullcontext, amp)
+    sw = _swapper(lms_swap, policy="always")
+    out = _step(_net(channels_last), x, y, lambda: sw, amp)
+    _assert_bitwise(ref, out)
+    s = sw.stats()
+    assert s["swap.out_count"] > 10 and s["swap.in_bytes"] >= s["swap.out_bytes"] > 0
+    assert s["swap.dedupe_hits"] > 0  # ReLU(inplace) output saved again by the next conv
+    assert s["host.in_use_bytes"] == 0
+
+
+def test_auto_policy_under_pressure_swaps_and_stays_bitwise(lms_swap, cuda_clean):
+    x, y = _batch(n=32)
+    model = _net()
+    ref = _step(model, x, y, contextlib.nullcontext)
+    base = torch.cuda.memory_allocated()
+    # a device limit just above what the model and the batch hold forces pressure
+    sw = _swapper(lms_swap, policy="auto", device_limit=base + 256 * MiB, margin=16 * MiB,
+                  max_inflight_bytes=32 * MiB, adaptive_margin=False)
+    out = _step(_net(), x, y, lambda: sw)
+    _assert_bitwise(ref, out)
+    s = sw.stats()
+    assert s["swap.out_count"] > 0 and s["swap.kept_count"] > 0, s
+
+
+def test_auto_policy_with_room_does_nothing(lms_swap, cuda_clean):
+    x, y = _batch()
+    sw = _swapper(lms_swap, policy="auto")
+    ref = _step(_net(), x, y, contextlib.nullcontext)
+    out = _step(_net(), x, y, lambda: sw)
+    _assert_bitwise(ref, out)
+    s = sw.stats()
+    assert s["swap.out_count"] == 0 and s["swap.kept_count"] > 0
+    assert s.get("host.reserved_bytes", 0) == 0
+
+
+def test_swapping_lowers_peak_device_memory(lms_swap, cuda_clean):
+    x, y = _batch(n=64, hw=128)
+    model = _net()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    _step(model, x, y, contextlib.nullcontext, steps=1)
+    stock_peak = torch.cuda.max_memory_allocated() - base
+    model = _net()
+    sw = _swapper(lms_swap, policy="always", max_inflight_bytes=64 * MiB, prefetch_depth=2)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    _step(model, x, y, lambda: sw, steps=1)
+    swap_peak = torch.cuda.max_memory_allocated() - base
+    assert swap_peak < 0.6 * stock_peak, (swap_peak, stock_peak)
+
+
+def test_small_tensors_left_alone(lms_swap, cuda_clean):
+    sw = _swapper(lms_swap, policy="always", size_threshold=1 << 40)
+    x, y = _batch()
+    ref = _step(_net(), x, y, contextlib.nullcontext)
+    out = _step(_net(), x, y, lambda: sw)
+    _assert_bitwise(ref, out)
+    assert sw.stats()["swap.out_count"] == 0
+
+
+def test_views_noncontiguous_and_transposes(lms_swap, cuda_clean):
+    def f(a, b):
+        t = a.t()                     # dense transpose: swapped with its strides
+        p = b.permute(2, 0, 1)        # dense permute
+        s = a[:, ::2]                 # gaps: stays on the device
+        e = b[:1].expand(4, -1, -1)   # overlapping: stays on the device
+        r = (t @ a).sin() + (p * p).exp().sum() + (s * s).cos().sum() + (e * b).tanh().sum()
+        c = a[:512]                   # half of a's storage: contiguous view
+        return r.sum() + (c * c).sum()
+
+    def run(ctx):
+        torch.manual_seed(0)
+        a = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+        b = torch.randn(4, 512, 256, device="cuda", requires_grad=True)
+        with ctx():
+            loss = f(a * 1.0, b * 1.0)
+        loss.backward()
+        torch.cuda.synchronize()
+        return [loss.detach()], [a.grad, b.grad], []
+
+    sw = _swapper(lms_swap, policy="always")
+    _assert_bitwise(run(contextlib.nullcontext), run(lambda: sw))
+    s = sw.stats()
+    assert s["swap.out_count"] >= 2 and s["swap.not_dense_kept"] >= 1
+
+
+def test_inplace_after_save_is_detected(lms_swap, cuda_clean):
+    sw = _swapper(lms_swap, policy="always")
+    a = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    with sw:
+        b = a * 2
+        c = b.sin()          # saves b
+        b.add_(1)            # modifies the saved tensor
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c.sum().backward()
+    # stock PyTorch raises the same for this program
+    b2 = a * 2
+    c2 = b2.sin()
+    b2.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c2.sum().backward()
+    del b, c, b2, c2
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint(lms_swap, cuda_clean, reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024))
+            self.b = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024))
+
+        def forward(self, x):
+            x = checkpoint(self.a, x, use_reentrant=reentrant)
+            return self.b(x).square().mean()
+
+    x = torch.randn(512, 1024, device="cuda", requires_grad=True)
+
+    def run(ctx):
+        m = Net().cuda()
+        x.grad = None
+        with ctx():
+            loss = m(x)
+        loss.backward()
+        torch.cuda.synchronize()
+        return [loss.detach()], [p.grad for p in m.parameters()] + [x.grad.clone()], []
+
+    sw = _swapper(lms_swap, policy="always")
+    _assert_bitwise(run(contextlib.nullcontext), run(lambda: sw))
+    assert sw.stats()["swap.out_count"] > 0
+
+
+def test_side_streams(lms_swap, cuda_clean):
+    x, y = _batch()
+
+    def run(ctx):
+        model = _net()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with ctx():
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        return [loss.detach()], [p.grad for p in model.parameters()], []
+
+    sw = _swapper(lms_swap, policy="always")
+    _assert_bitwise(run(contextlib.nullcontext), run(lambda: sw))
+    assert sw.stats()["swap.out_count"] > 0
+
+
+def test_no_grad_swaps_nothing(lms_swap, cuda_clean):
+    sw = _swapper(lms_swap, policy="always")
+    model = _net()
+    x, _ = _batch()
+    with torch.no_grad(), sw:
+        model(x)
+    with torch.inference_mode(), sw:
+        model(x)
+    assert sw.stats()["swap.out_count"] == 0
+
+
+def test_retain_graph_two_backward_passes(lms_swap, cuda_clean):
+    x, y = _batch()
+
+    def run(ctx):
+        model = _net()
+        with ctx():
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward(retain_graph=True)
+        g1 = [p.grad.clone() for p in model.parameters()]
+        loss.backward()
+        torch.cuda.synchronize()
+        return [loss.detach()], g1 + [p.grad for p in model.parameters()], []
+
+    sw = _swapper(lms_swap, policy="always")
+    _assert_bitwise(run(contextlib.nullcontext), run(lambda: sw))
+    s = sw.stats()
+    assert s["swap.in_bytes"] >= 2 * s["swap.out_bytes"] > 0
+    assert s["host.in_use_bytes"] == 0
+
+
+def test_exception_mid_forward_leaks_nothing(lms_swap, cuda_clean):
+    sw = _swapper(lms_swap, policy="always")
+    model = _net()
+    x, y = _batch(n=32)
+
+    class Boom(Exception):
+        pass
+
+    def bad_forward():
+        model[:9](x)  # its saved tensors are swapped out, then the step fails
+        raise Boom("mid-step")
+
+    def attempt():
+        with pytest.raises(Boom):
+            with sw:
+                bad_forward()
+        gc.collect()
+        torch.cuda.synchronize()
+
+    attempt()  # warm-up: workspaces, pinned pool
+    dev0 = torch.cuda.memory_allocated()
+    for _ in range(3):
+        attempt()
+    assert torch.cuda.memory_allocated() <= dev0, "device memory leaked by failed steps"
+    s = sw.stats()
+    assert s["swap.out_count"] > 0 and s["host.in_use_bytes"] == 0
+    # and a normal step still works afterwards, bitwise equal to stock
+    ref = _step(_net(), x, y, contextlib.nullcontext)
+    out = _step(_net(), x, y, lambda: sw)
+    _assert_bitwise(ref, out)
+    sw.empty_cache()
+    assert sw.stats()["host.reserved_bytes"] == 0
+
+
+def test_exception_in_backward_leaks_nothing(lms_swap, cuda_clean):
+    sw = _swapper(lms_swap, policy="always")
+
+    class Fail(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise ValueError("backward failed")
+
+    a = torch.randn(2048, 1024, device="cuda", requires_grad=True)
+
+    def attempt():
+        with sw:
+            loss = (Fail.apply(a).sin() * a.exp()).sum()
+        with pytest.raises(ValueError):
+            loss.backward()
+        del loss
+        gc.collect()
+        torch.cuda.synchronize()
+
+    attempt()
+    dev0 = torch.cuda.memory_allocated()
+    attempt()
+    attempt()
+    assert torch.cuda.memory_allocated() <= dev0
+    s = sw.stats()
+    assert s["swap.out_count"] > 0 and s["host.in_use_bytes"] == 0
+
+
+def test_host_limit_error_is_clear_and_clean(lms_swap, cuda_clean):
+    sw = _swapper(lms_swap, policy="always", host_limit=8 * MiB)
+    model = _net()
+    x, y = _batch(n=32)
+    with pytest.raises(lms_swap.LMSHostMemoryError) as ei:
+        with sw:
+            model(x)
+    assert isinstance(ei.value, torch.OutOfMemoryError)
+    assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB" in str(ei.value)
+    del ei
+    gc.collect()
+    s = sw.stats()
+    assert s["host.in_use_bytes"] == 0 and s["host.reserved_bytes"] <= 8 * MiB
+
+
+def test_host_pool_is_exact_size_and_reused(lms_swap, cuda_clean):
+    sw = _swapper(lms_swap, policy="always")
+    x, y = _batch()
+    model = _net()
+    _step(model, x, y, lambda: sw, steps=1)
+    s1 = sw.stats()
+    # exact sizes: what the pool holds is what was in use at the peak, not rounded up
+    assert s1["host.reserved_bytes"] == s1["host.peak_in_use_bytes"]
+    _step(model, x, y, lambda: sw, steps=3)
+    s2 = sw.stats()
+    assert s2["host.pool_misses"] == s1["host.pool_misses"]  # steady state: all hits
+    assert s2["host.reserved_bytes"] == s1["host.reserved_bytes"]
+    # buffers are pinned (page-locked) so copies are asynchronous
+    sw.empty_cache()
+
+
+def test_backward_in_another_thread(lms_swap, cuda_clean):
+    x, y = _batch()
+
+    def run(ctx):
+        model = _net()
+        with ctx():
+            loss = nn.functional.cross_entropy(model(x), y)
+        err = []
+
+        def bw():
+            try:
+                loss.backward()
+            except Exception as e:  # pragma: no cover
+                err.append(e)
+
+        t = threading.Thread(target=bw)
+        t.start()
+        t.join()
+        assert not err
+        torch.cuda.synchronize()
+        return [loss.detach()], [p.grad for p in model.parameters()], []
+
+    sw = _swapper(lms_swap, policy="always")
+    _assert_bitwise(run(contextlib.nullcontext), run(lambda: sw))
+
+
+def test_module_enable_disable(lms_swap, cuda_clean):
+    x, y = _batch()
+    ref = _step(_net(), x, y, contextlib.nullcontext)
+    lms_swap.configure(policy="always", size_threshold=64 * 1024)
+    lms_swap.reset_stats()
+    lms_swap.enable()
+    try:
+        assert lms_swap.is_enabled()
+        out = _step(_net(), x, y, contextlib.nullcontext)
+    finally:
+        lms_swap.disable()
+        lms_swap.configure(policy="auto", size_threshold=1 << 20)
+    assert not lms_swap.is_enabled()
+    _assert_bitwise(ref, out)
+    assert lms_swap.stats()["swap.out_count"] > 0
+    lms_swap.empty_cache()
+
+
+def test_torchvision_resnet18_bitwise(lms_swap, cuda_clean):
+    tv = pytest.importorskip("torchvision")
+    x, y = _batch(n=16, hw=128)
+
+    def make():
+        torch.manual_seed(0)
+        return tv.models.resnet18(num_classes=10).cuda().to(memory_format=torch.channels_last)
+
+    ref = _step(make(), x, y, contextlib.nullcontext, amp=torch.bfloat16)
+    sw = _swapper(lms_swap, policy="always", prefetch_depth=3)
+    out = _step(make(), x, y, lambda: sw, amp=torch.bfloat16)
+    _assert_bitwise(ref, out)
+    s = sw.stats()
+    assert s["swap.prefetched"] > 0 and s["swap.prefetch_hits"] > 0, s

@@ -1,0 +1,366 @@
+"""CPU tests of LMS activation swapping (patches/pytorch/src/torch/cuda/lms_swap.py).
+
+No GPU needed: the host pool runs unpinned, and the swapper runs its whole pack / unpack /
+prefetch / release machinery on CPU tensors (``device_type="cpu"``), with real torch
+autograd.  The GPU behaviour (streams, pinned memory, bitwise equality on CUDA) is in
+tests/conformance/lms_swap (marked gpu).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+LMS_SWAP = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def m():
+    name = "lms_swap"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, LMS_SWAP)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def cpu_swapper(m, **kw):
+    kw.setdefault("policy", "always")
+    kw.setdefault("size_threshold", 4096)
+    kw.setdefault("host_limit", 256 * MiB)
+    kw.setdefault("host_min_available", 0)
+    return m.ActivationSwapper(device_type="cpu", **kw)
+
+
+# ------------------------------------------------------------------ host pool
+def test_pool_exact_sizes_and_reuse(m):
+    pool = m.HostPool(limit=10 * MiB, pin=False)
+    a = pool.alloc(1000003)
+    b = pool.alloc(12345)
+    assert a.numel() == 1000003 and b.numel() == 12345  # no rounding
+    assert pool.reserved == pool.in_use == 1000003 + 12345
+    pool.free(a)
+    assert pool.in_use == 12345 and pool.cached == 1000003
+    c = pool.alloc(1000003)
+    assert c.data_ptr() == a.data_ptr() and pool.hits == 1 and pool.misses == 2
+    pool.free(b)
+    pool.free(c)
+    assert pool.stats()["host.in_use_bytes"] == 0
+    assert pool.empty_cache() == 1000003 + 12345
+    assert pool.reserved == 0 and pool.blocks == 0
+
+
+def test_pool_limit_evicts_cached_then_raises(m):
+    pool = m.HostPool(limit=3 * MiB, pin=False)
+    a = pool.alloc(2 * MiB)
+    pool.free(a)
+    b = pool.alloc(MiB + 1)  # other size: the cached 2 MiB buffer is released to fit
+    assert pool.evictions == 1 and pool.reserved == MiB + 1
+    c = pool.alloc(MiB)
+    with pytest.raises(m.LMSHostMemoryError) as ei:
+        pool.alloc(MiB)
+    msg = str(ei.value)
+    assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB" in msg and "3.00 MiB" in msg
+    assert isinstance(ei.value, torch.OutOfMemoryError)
+    assert pool.reserved <= pool.limit and pool.peak_reserved <= pool.limit
+    pool.free(b)
+    pool.free(c)
+    assert pool.in_use == 0
+
+
+def test_pool_keeps_machine_memory_available(m):
+    avail = {"bytes": 10 * MiB}
+
+    def available():
+        return avail["bytes"]
+
+    pool = m.HostPool(limit=1 << 40, pin=False, min_available=4 * MiB, available_fn=available)
+    a = pool.alloc(5 * MiB)  # leaves 5 MiB: fine
+    avail["bytes"] -= 5 * MiB
+    with pytest.raises(m.LMSHostMemoryError, match="nearly exhausted"):
+        pool.alloc(2 * MiB)  # would leave 3 MiB < 4 MiB
+    pool.free(a)
+    assert pool.in_use == 0
+
+
+def test_pool_shared_budget_with_allocator(m):
+    class Budget:  # stands for torch.cuda.lms._host_reserve/_host_release
+        def __init__(self, limit):
+            self.limit, self.used = limit, 0
+
+        def reserve(self, n):
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+        def release(self, n):
+            self.used -= n
+
+    budget = Budget(4 * MiB)
+    pool = m.HostPool(limit=1 << 40, pin=False, reserve_fn=budget.reserve, release_fn=budget.release)
+    a = pool.alloc(3 * MiB)
+    assert budget.used == 3 * MiB
+    pool.free(a)
+    b = pool.alloc(2 * MiB)  # evicts the cached 3 MiB to get the shared budget
+    assert budget.used == 2 * MiB and pool.evictions == 1
+    with pytest.raises(m.LMSHostMemoryError, match="shared with the CUDA allocator"):
+        pool.alloc(3 * MiB)
+    pool.free(b)
+    pool.empty_cache()
+    assert budget.used == 0
+
+
+def test_env_host_limit(m, monkeypatch):
+    monkeypatch.setenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB", "1536")
+    assert m.host_mem_limit_from_env() == 1536 * MiB
+    sw = m.ActivationSwapper(device_type="cpu")
+    assert sw.pool.limit == 1536 * MiB
+    monkeypatch.setenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB", "lots")
+    with pytest.raises(ValueError, match="PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB"):
+        m.host_mem_limit_from_env()
+    monkeypatch.delenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB")
+    assert m.host_mem_limit_from_env() is None
+
+
+# ------------------------------------------------------------------ policy
+def test_config_validation(m):
+    with pytest.raises(TypeError, match="unknown LMS swap option 'prefetch'"):
+        m.SwapConfig(prefetch=3)
+    with pytest.raises(ValueError, match="policy"):
+        m.SwapConfig(policy="sometimes")
+    with pytest.raises(ValueError, match="prefetch_depth"):
+        m.SwapConfig(prefetch_depth=-1)
+    with pytest.raises(ValueError, match="device_limit_fraction"):
+        m.SwapConfig(device_limit_fraction=1.5)
+    assert m.SwapConfig().size_threshold == MiB
+
+
+def test_threshold_env(m, monkeypatch):
+    monkeypatch.setenv("PYTORCH_LMS_SWAP_THRESHOLD_IN_KB", "64")
+    assert m.SwapConfig().size_threshold == 64 * 1024
+
+
+def test_pressure_rule_and_margin_learning(m):
+    G = 1 << 30
+    # limit 76 GiB, margin 4: swap above 72
+    assert m.swap_trigger(76 * G, 4 * G) == 72 * G
+    # 71 GiB allocated (the 2 GiB tensor included) + 2 GiB for the next output > 72
+    assert m.should_swap(2 * G, 71 * G, 76 * G, 4 * G)
+    assert not m.should_swap(2 * G, 60 * G, 76 * G, 4 * G)
+    assert m.should_swap(2 * G, 70 * G, 76 * G, 4 * G) is False  # exactly at the line
+    # backward allocated 6 GiB above the end of forward
+    assert m.learn_margin(60 * G, 50 * G, 66 * G, G // 2) == int(6 * G * 1.05)
+    assert m.learn_margin(60 * G, 70 * G, 59 * G, G // 2) == G // 2  # floor
+
+
+def test_plan_learning(m):
+    G = 1 << 30
+    # swapped nothing, forward ended 3 GiB above the trigger: plan 3 GiB (+ slack)
+    assert m.next_plan(0, 73 * G, 0, 70 * G, G // 2) == 3 * G + G // 2
+    # 2 GiB of the end were copies still in flight (freed soon): only 1 GiB more
+    assert m.next_plan(0, 73 * G, 2 * G, 70 * G, G // 2) == G + G // 2
+    # swapped 20 GiB and ended 5 GiB under the trigger: 15 GiB would have done
+    assert m.next_plan(20 * G, 65 * G, 0, 70 * G, G // 2) == 15 * G + G // 2
+    # far under the trigger: nothing
+    assert m.next_plan(1 * G, 40 * G, 0, 70 * G, G // 2) == 0
+    # steady state: the plan reproduces itself
+    p = m.next_plan(10 * G, 70 * G - G // 2, 0, 70 * G, G // 2)
+    assert p == 10 * G
+
+
+def test_dense_span(m):
+    f = m._dense_span
+    x = torch.empty(4, 3, 8, 8)
+    assert f(x) and f(x.to(memory_format=torch.channels_last))
+    assert f(x.transpose(0, 1)) and f(x.permute(3, 1, 0, 2))
+    assert not f(x[:, :, ::2]) and not f(x[:, 1:])
+    assert not f(torch.empty(1, 8).expand(4, 8))
+    assert f(torch.empty(4, 1, 8)[:, :, :])
+
+
+# ------------------------------------------------------------------ autograd on CPU tensors
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        nn.Flatten(), nn.Linear(8 * 16 * 16, 10),
+    ).to(memory_format=torch.channels_last)
+
+
+def _train(ctx, steps=2, retain=False):
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 3, 16, 16, generator=g).to(memory_format=torch.channels_last)
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with ctx():
+            loss = model(x).square().mean()
+        loss.backward(retain_graph=retain)
+        if retain:
+            loss.backward()
+        out.append(loss.detach())
+        out += [p.grad.clone() for p in model.parameters()]
+        opt.step()
+    return out
+
+
+def _equal(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        assert torch.equal(u, v)
+
+
+def test_swap_roundtrip_is_bitwise(m):
+    sw = cpu_swapper(m, prefetch_depth=2)
+    _equal(_train(contextlib.nullcontext), _train(lambda: sw))
+    s = sw.stats()
+    assert s["swap.out_count"] > 0 and s["swap.in_bytes"] == s["swap.out_bytes"]
+    assert s["swap.dedupe_hits"] >= 2          # ReLU(inplace) outputs saved twice
+    assert s["swap.prefetched"] > 0 and s["swap.prefetch_hits"] > 0
+    assert s["host.in_use_bytes"] == 0         # everything returned after backward
+    assert s["host.pool_hits"] > 0             # second step reuses the buffers
+
+
+def test_policy_never_and_threshold(m):
+    sw = cpu_swapper(m, policy="never")
+    _equal(_train(contextlib.nullcontext), _train(lambda: sw))
+    assert sw.stats()["swap.out_count"] == 0
+    sw = cpu_swapper(m, size_threshold=1 << 40)
+    _train(lambda: sw)
+    s = sw.stats()
+    assert s["swap.out_count"] == 0 and s["swap.small_count"] > 0
+
+
+def test_auto_policy_swaps_only_past_the_limit(m):
+    # CPU mode reads the allocation as 0: a trigger (limit - margin) below 0 means pressure
+    sw = cpu_swapper(m, policy="auto", device_limit=1 << 40, margin=0, adaptive_margin=False)
+    _train(lambda: sw)
+    assert sw.stats()["swap.out_count"] == 0
+    sw = cpu_swapper(m, policy="auto", device_limit=1, margin=2, adaptive_margin=False)
+    _equal(_train(contextlib.nullcontext), _train(lambda: sw))
+    assert sw.stats()["swap.out_count"] > 0
+
+
+def test_retain_graph(m):
+    sw = cpu_swapper(m)
+    _equal(_train(contextlib.nullcontext, retain=True), _train(lambda: sw, retain=True))
+    s = sw.stats()
+    assert s["swap.in_bytes"] >= 2 * s["swap.out_bytes"] > 0
+
+
+def test_views_and_inplace_detection(m):
+    sw = cpu_swapper(m)
+
+    def run(ctx):
+        torch.manual_seed(0)
+        a = torch.randn(64, 64, requires_grad=True)
+        with ctx():
+            b = a * 1.0
+            loss = ((b.t() @ b).sin().sum() + (b[:, ::2] ** 2).sum()
+                    + (b.unsqueeze(0).expand(3, -1, -1) * b).sum())
+        loss.backward()
+        return [loss.detach(), a.grad]
+
+    _equal(run(contextlib.nullcontext), run(lambda: sw))
+    assert sw.stats()["swap.not_dense_kept"] >= 1
+
+    a = torch.randn(64, 64, requires_grad=True)
+    with sw:
+        b = a * 2
+        c = b.exp()  # saves its result
+        c.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c.sum().backward()
+
+
+def test_checkpoint_and_no_grad(m):
+    from torch.utils.checkpoint import checkpoint
+
+    sw = cpu_swapper(m)
+    lin = nn.Sequential(nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 128))
+
+    def run(ctx, reentrant):
+        for p in lin.parameters():
+            p.grad = None
+        x = torch.randn(64, 128, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        with ctx():
+            y = checkpoint(lin, x, use_reentrant=reentrant).tanh() * x
+        y.sum().backward()
+        return [y.detach(), x.grad] + [p.grad for p in lin.parameters()]
+
+    for reentrant in (False, True):
+        _equal(run(contextlib.nullcontext, reentrant), run(lambda: sw, reentrant))
+    before = sw.stats()["swap.out_count"]
+    with torch.no_grad(), sw:
+        lin(torch.randn(64, 128))
+    assert sw.stats()["swap.out_count"] == before
+
+
+def test_exception_mid_forward_returns_host_memory(m):
+    sw = cpu_swapper(m)
+    model = _net()
+    x = torch.randn(8, 3, 16, 16)
+    for _ in range(3):
+        with pytest.raises(ZeroDivisionError):
+            with sw:
+                h = model[:5](x)
+                1 / 0
+    del h
+    gc.collect()
+    s = sw.stats()
+    assert s["swap.out_count"] > 0 and s["host.in_use_bytes"] == 0
+    assert s["host.pool_misses"] < s["swap.out_count"]  # later attempts reused buffers
+    assert sw.empty_cache() == s["host.reserved_bytes"]
+
+
+def test_host_limit_error_during_forward(m):
+    sw = cpu_swapper(m, host_limit=32 * 1024)
+    with pytest.raises(m.LMSHostMemoryError, match="host swap space exhausted"):
+        with sw:
+            _net()(torch.randn(8, 3, 16, 16))
+    gc.collect()
+    assert sw.stats()["host.in_use_bytes"] == 0
+
+
+def test_module_level_enable_disable(m):
+    m.configure(device_type="cpu", policy="always", size_threshold=4096,
+                host_limit=256 * MiB, host_min_available=0)
+    try:
+        ref = _train(contextlib.nullcontext)
+        m.reset_stats()
+        m.enable()
+        m.enable()  # idempotent
+        assert m.is_enabled()
+        out = _train(contextlib.nullcontext)
+        m.disable()
+        assert not m.is_enabled()
+        _equal(ref, out)
+        assert m.stats()["swap.out_count"] > 0
+        with m.swapping():
+            _train(contextlib.nullcontext, steps=1)
+    finally:
+        m.disable()
+        m.configure(device_type="cuda", policy="auto", size_threshold=MiB,
+                    host_limit=None, host_min_available=None)
+        m.empty_cache()
+
+
+def test_trace_records_events(m):
+    sw = cpu_swapper(m, trace=True)
+    _train(lambda: sw, steps=1)
+    events = {e[1] for e in sw.trace()}
+    assert {"out", "in"} <= events
