@@ -14,8 +14,10 @@ TOOLS        = $(PY) -m build_tools
 NEED_VENV    = $(filter $(VENV)/bin/python,$(PY))
 SOURCE_ARG   = $(if $(SOURCE),--source $(SOURCE))
 # Debian packages the tools and tests use: abidiff (ABI check), gtest (c10/TF allocator tests),
-# fmt + cpuinfo (c10 headers), ninja (builds), protoc (TensorFlow's config.proto), xz (tarballs).
-SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-dev ninja-build protobuf-compiler xz-utils git
+# fmt + cpuinfo (c10 headers), ninja (builds), protoc (TensorFlow's config.proto), xz (tarballs),
+# ccache (compiler cache for both PyTorch build modes).
+SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-dev ninja-build protobuf-compiler \
+                  xz-utils git ccache
 
 .DEFAULT_GOAL := help
 .PHONY: help setup system-packages build verify patches check-patches tags test conformance clean

@@ -26,6 +26,10 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
     if launcher:
         for lang in ("C", "CXX", "CUDA"):
             env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = launcher
+        if launcher == "ccache":   # hits across build folders and compiler reinstalls
+            env.update(CCACHE_BASEDIR=str(tree), CCACHE_COMPILERCHECK="content")
+        else:                      # PyTorch's CMake turns ccache on by itself when it finds one
+            env["USE_CCACHE"] = "0"
     home = toolchain.cuda_home()
     if home and env.get("USE_CUDA") == "1":
         env["CUDA_HOME"] = str(home)

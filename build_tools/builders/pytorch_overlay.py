@@ -23,15 +23,29 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
         toolchain.tool_check("ninja", "1.10", why="(`pip install ninja` or Debian ninja-build)"),
         toolchain.tool_check("abidiff", "2.0", why="(Debian/Ubuntu package abigail-tools: the ABI guard)"),
     ]
+    built: dict = {}
+
+    def overlay() -> None:
+        built["wheel"] = build_overlay(prof.tag, tree, dist, python=python, jobs=jobs).wheel
+
+    def conda() -> None:
+        from ..packagers import conda as conda_pkg
+        pkg = conda_pkg.wheel_to_conda(built["wheel"], channel, python_version=pyver)
+        conda_pkg.index_channel(channel, pkg.subdir)
+
+    pyver = toolchain.python_version(python)
+    channel = dist / "conda"
     steps = [
         Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
              f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
              shows=common.tree_commands(prof, source, tree)),
-        Step(f"overlay build: official wheel {ocfg.get('wheel')} for {python}, CUDA headers "
-             f"{ocfg.get('cuda_headers')}, rebuild libc10_cuda with CMake + ninja, abidiff against the "
-             f"official library, repack as {common.local_version(prof)} into {dist}",
-             action=lambda: build_overlay(prof.tag, tree, dist, python=python, jobs=jobs),
+        Step(f"overlay build: official wheel {ocfg.get('wheel')} for {python}, CUDA headers from NVIDIA's "
+             f"PyPI wheels, rebuild libc10_cuda with CMake + ninja, abidiff against the official library, "
+             f"repack as {common.local_version(prof)} into {dist}", action=overlay,
              shows=[f"{sys.executable} -m build_tools.overlay {prof.tag} {tree} --dist {dist} --python {python}"]),
+        Step(f"conda package from the wheel into the local channel {channel} (indexed)", action=conda,
+             shows=[f"{sys.executable} -m build_tools.packagers conda {dist}/torch-{common.local_version(prof)}-*.whl "
+                    f"--channel {channel} --python-version {pyver}"]),
     ]
     return Plan(f"overlay build of {prof.framework.title} {prof.tag} + LMS -> torch {common.local_version(prof)}",
                 steps, checks, bdir / "build.log")

@@ -64,6 +64,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
     wheel_dir = bdir / "wheel"
     bazel_args = [bazel_cmd, "build", *full.get("bazel_config", []),
                   f"--disk_cache={cache_dir() / 'bazel-disk-cache'}",     # bazel's compiler cache
+                  f"--repository_cache={cache_dir() / 'bazel-repo-cache'}",  # downloaded dependencies
                   f"--jobs={jobs or os.cpu_count() or 1}", *full.get("bazel_targets", [])]
     steps = [
         Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "

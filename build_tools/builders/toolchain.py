@@ -49,6 +49,11 @@ def _output(cmd: list[str]) -> str:
         return ""
 
 
+def python_version(python: str = sys.executable) -> str:
+    """'3.11' for the interpreter `python`."""
+    return _output([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+
+
 def python_check(spec: str, python: str = sys.executable) -> Check:
     ver = _output([python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"])
     ok = bool(ver) and in_range(ver, spec)
@@ -117,9 +122,23 @@ def tool_check(name: str, minimum: str | None = None, *, why: str = "", cmd: lis
                  f"{name} {exact or '>= ' + str(minimum)} is needed{(' ' + why) if why else ''}")
 
 
-def compiler_launcher() -> str | None:
-    """ccache or sccache if installed: both build modes hand it to CMake/bazel."""
-    for tool in ("sccache", "ccache"):
-        if shutil.which(tool):
-            return tool
-    return None
+def compiler_launcher(choice: str | None = "auto") -> str | None:
+    """ccache or sccache, handed to CMake (CMAKE_<LANG>_COMPILER_LAUNCHER) by both PyTorch build modes.
+
+    'auto': $LMS_COMPILER_LAUNCHER if set, else whichever of sccache/ccache is installed; 'none'
+    disables; a name forces that tool (an error if it is not installed).
+    """
+    from ..errors import LmsError
+    if choice == "auto":
+        choice = os.environ.get("LMS_COMPILER_LAUNCHER") or "auto"
+    if choice in ("none", "", None):
+        return None
+    if choice == "auto":
+        for tool in ("sccache", "ccache"):
+            if shutil.which(tool):
+                return tool
+        return None
+    if not shutil.which(choice):
+        raise LmsError(f"compiler launcher {choice!r} not found",
+                       hint="apt-get install -y ccache, or LMS_COMPILER_LAUNCHER=none")
+    return choice

@@ -1,0 +1,83 @@
+"""A CUDA "home" (include/ + lib/libcudart.so*) for compiling c10/cuda, made from NVIDIA's PyPI wheels.
+
+The official cu124 torch wheel needs CUDA 12.4 headers; no toolkit is installed on CI. NVIDIA
+publishes the pieces on PyPI:
+  nvidia-cuda-runtime-cu12  include/cuda.h, cuda_runtime_api.h, ... and lib/libcudart.so.12
+  nvidia-cuda-nvcc-cu12     include/crt/*.h (host_config.h, host_defines.h: included by cuda_runtime_api.h)
+  nvidia-nvml-dev-cu12      include/nvml.h (c10/cuda/driver_api.h includes it)
+They are unpacked once into <cache>/cuda-home/<cuda version>/ (include/ merged, lib/).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ..catalog import REPO_ROOT
+from ..errors import LmsError
+from .wheels import fetch_wheel
+
+# CUDA minor version -> the PyPI wheels whose headers match it (versions NVIDIA shipped for 12.4;
+# nvcc's own patch release is .131 while the runtime's is .127).
+HEADER_WHEELS = {
+    "12.4": ["nvidia-cuda-runtime-cu12==12.4.127", "nvidia-cuda-nvcc-cu12==12.4.131",
+             "nvidia-nvml-dev-cu12==12.4.127"],
+}
+DEFAULT_ROOT = REPO_ROOT / ".cache" / "cuda-home"
+
+
+def header_wheels(cuda: str, runtime_pin: str | None = None) -> list[str]:
+    if cuda not in HEADER_WHEELS:
+        raise LmsError(f"the overlay build knows no CUDA {cuda} header wheels",
+                       hint=f"add them to build_tools/overlay/cudahome.py HEADER_WHEELS (known: {', '.join(HEADER_WHEELS)})")
+    reqs = list(HEADER_WHEELS[cuda])
+    if runtime_pin:  # the exact runtime the torch wheel pins wins
+        reqs = [runtime_pin if r.startswith("nvidia-cuda-runtime-") else r for r in reqs]
+    return reqs
+
+
+def cuda_home(cuda: str, *, python: str, runtime_pin: str | None = None, root: Path = DEFAULT_ROOT,
+              wheel_cache: Path | None = None, progress=print) -> Path:
+    reqs = header_wheels(cuda, runtime_pin)
+    dest = root / (cuda + "-" + "-".join(r.split("==")[1] for r in reqs))
+    if (dest / "include" / "cuda.h").is_file() and (dest / "lib").is_dir():
+        return dest
+    kw = {"cache_dir": wheel_cache} if wheel_cache else {}
+    wheels = [fetch_wheel(r, python=python, progress=progress, **kw) for r in reqs]
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".cuda-home-", dir=root))
+    try:
+        (tmp / "include").mkdir()
+        (tmp / "lib").mkdir()
+        for w in wheels:
+            with zipfile.ZipFile(w) as zf:
+                for info in zf.infolist():
+                    parts = info.filename.split("/")
+                    if len(parts) < 4 or parts[0] != "nvidia" or info.is_dir():
+                        continue
+                    sub, rel = parts[2], "/".join(parts[3:])
+                    if sub == "include":
+                        out = tmp / "include" / rel
+                    elif sub == "lib" and ".so" in rel:
+                        out = tmp / "lib" / rel
+                    else:
+                        continue
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(zf.read(info))
+        for lib in (tmp / "lib").glob("libcudart.so.*"):
+            link = tmp / "lib" / "libcudart.so"
+            if not link.exists():
+                os.symlink(lib.name, link)
+        missing = [h for h in ("cuda.h", "cuda_runtime_api.h", "crt/host_config.h", "nvml.h")
+                   if not (tmp / "include" / h).is_file()]
+        if missing:
+            raise LmsError(f"CUDA header wheels {reqs} lack {', '.join(missing)}")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest

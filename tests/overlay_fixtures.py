@@ -1,0 +1,156 @@
+"""Shared, memoised artefacts of the overlay/install/conda tests (built once per test session).
+
+Test modules import the fixtures they use from here; the build itself is memoised at module level,
+so that several modules importing the same fixture still build the overlay wheel only once.
+
+  overlay_build   the real overlay build of lms_tree("pytorch", "v2.6.0") into a temporary dist/
+                  (downloads torch 2.6.0 for this Python once into .cache/wheels/)
+  wheel_venv      a fresh venv with the overlay wheel pip-installed (dependencies downloaded once
+                  into .cache/wheels/deps/ with `pip download`, then installed with --no-index)
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TAG = "v2.6.0"
+DEPS_CACHE = REPO / ".cache" / "wheels" / "deps"
+_memo: dict = {}
+TIMINGS: dict = {}
+
+
+def _record(name: str, seconds: float) -> None:
+    TIMINGS[name] = round(seconds, 1)
+    out = REPO / "build" / "test-timings.json"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        old = json.loads(out.read_text()) if out.exists() else {}
+        old.update(TIMINGS)
+        out.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    except OSError:
+        pass
+
+
+_scratch_dirs: list = []
+
+
+def _cleanup() -> None:
+    if os.environ.get("LMS_KEEP_TEST_BUILD"):
+        return
+    for d in _scratch_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(_cleanup)
+
+
+def _scratch() -> Path:
+    """A scratch folder under build/tests/ (several GB: venv, conda prefix), removed when the test
+    session ends (set LMS_KEEP_TEST_BUILD=1 to keep it)."""
+    base = REPO / "build" / "tests"
+    base.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="overlay-", dir=base))
+    _scratch_dirs.append(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def overlay_build(lms_tree):
+    """(OverlayResult, tree) of the overlay build of the current LMS sources."""
+    if "build" not in _memo:
+        from build_tools.overlay import build_overlay
+        tree = lms_tree("pytorch", TAG)
+        dist = _scratch() / "dist"
+        t0 = time.monotonic()
+        res = build_overlay(TAG, tree, dist, python=sys.executable)
+        _record("overlay_build_s", time.monotonic() - t0)
+        _memo["build"] = (res, tree)
+    return _memo["build"]
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    """Requires-Dist of a wheel (without extras), as pip requirement strings."""
+    import re
+    import zipfile
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    return [r.strip() for r in re.findall(r"^Requires-Dist: (.+)$", text, re.M) if "extra ==" not in r]
+
+
+def _venv(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    return path / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(overlay_build):
+    """Python of a fresh venv with the overlay wheel and its dependencies installed by pip."""
+    if "venv" not in _memo:
+        res, _ = overlay_build
+        DEPS_CACHE.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        # dependencies (nvidia-*: ~2.4 GB) downloaded once per machine; pip reuses files already there
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(DEPS_CACHE),
+                        *wheel_requirements(res.wheel)], check=True)
+        t1 = time.monotonic()
+        py = _venv(_scratch() / "venv")
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(DEPS_CACHE),
+                        str(res.wheel)], check=True)
+        t2 = time.monotonic()
+        _record("pip_download_deps_s", t1 - t0)
+        _record("pip_install_s", t2 - t1)
+        _memo["venv"] = py
+    return _memo["venv"]
+
+
+def run_py(python: Path | str, code: str, env: dict | None = None) -> dict:
+    """Run `code` in `python`; it must print one JSON object as its last line."""
+    full = dict(os.environ)
+    full.pop("PYTHONPATH", None)
+    full.update(env or {})
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=full, cwd="/")
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# What the install tests run inside the installed torch (venv or conda prefix).
+PROBE = r"""
+import json, torch
+out = {"version": torch.__version__, "file": torch.__file__, "cuda": torch.version.cuda,
+       "cuda_available": torch.cuda.is_available()}
+stats = torch.cuda.memory_stats()
+out["memory_stats_type"] = type(stats).__name__
+out["memory_stats_len"] = len(stats)
+names = ["set_enabled_lms", "get_enabled_lms", "set_limit_lms", "get_limit_lms", "set_size_lms",
+         "get_size_lms", "set_host_mem_limit_lms", "get_host_mem_limit_lms", "set_lms_defrag_enabled",
+         "get_lms_defrag_enabled", "is_lms_available"]
+out["api"] = {n: hasattr(torch.cuda, n) for n in names}
+rt = {}
+if all(out["api"].values()):
+    c = torch.cuda
+    out["lms_available"] = bool(c.is_lms_available())
+    try:
+        c.set_limit_lms(3 << 30); rt["limit"] = c.get_limit_lms() == (3 << 30)
+        c.set_size_lms(1 << 20); rt["size"] = c.get_size_lms() == (1 << 20)
+        c.set_host_mem_limit_lms(5 << 30); rt["host_mem_limit"] = c.get_host_mem_limit_lms() == (5 << 30)
+        c.set_lms_defrag_enabled(True); rt["defrag_on"] = c.get_lms_defrag_enabled() is True
+        c.set_lms_defrag_enabled(False); rt["defrag_off"] = c.get_lms_defrag_enabled() is False
+        c.set_enabled_lms(True); rt["enabled_on"] = c.get_enabled_lms() is True
+        c.set_enabled_lms(False); rt["enabled_off"] = c.get_enabled_lms() is False
+    except Exception as e:  # reported, the test decides
+        rt["error"] = f"{type(e).__name__}: {e}"
+    out["stats_after"] = len(torch.cuda.memory_stats())
+out["roundtrip"] = rt
+print(json.dumps(out))
+"""

@@ -1,0 +1,181 @@
+"""ABI check (build_tools.abi) on tiny real shared libraries compiled here with gcc/g++ and compared
+by the real abidiff: additions pass; a removed function, a changed struct layout and a changed
+signature fail; the toolchain-artefact rule needs both the baseline and a provider."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from build_tools.abi import (BIT_ABI_CHANGE, BIT_INCOMPATIBLE, check_library,
+                             is_toolchain_symbol, run_abidiff)
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+BASE_C = """
+struct S { int a; };
+int f(struct S *s) { return s->a; }
+int g(void) { return 1; }
+"""
+
+
+def so(tmp: Path, name: str, src: str, *, cxx: bool = False, debug: bool = True) -> Path:
+    ext = ".cpp" if cxx else ".c"
+    (tmp / (name + ext)).write_text(textwrap.dedent(src))
+    out = tmp / f"lib{name}.so"
+    cmd = ["g++" if cxx else "gcc", "-shared", "-fPIC", "-O1", "-o", str(out), str(tmp / (name + ext))]
+    if debug:
+        cmd.insert(1, "-g")
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def test_abidiff_is_installed():
+    assert shutil.which("abidiff"), "abidiff missing: apt-get install abigail-tools (make setup does)"
+
+
+def test_additions_only_pass(tmp_path):
+    v1 = so(tmp_path, "v1", BASE_C)
+    v2 = so(tmp_path, "v2", BASE_C + "int h(void) { return 2; }\nint counter = 3;\n")
+    d = run_abidiff(v1, v2)
+    assert d.exit_code & BIT_ABI_CHANGE and not d.exit_code & BIT_INCOMPATIBLE
+    assert d.functions == {"removed": 0, "changed": 0, "added": 1}
+    assert d.variables["added"] == 1
+    rep = check_library(v1, v2)
+    assert rep.ok, rep.problems
+    assert set(rep.added) == {"h", "counter"}
+
+
+def test_removed_function_fails(tmp_path):
+    v1 = so(tmp_path, "v1", BASE_C)
+    v2 = so(tmp_path, "v2", "struct S { int a; };\nint f(struct S *s) { return s->a; }\n")
+    d = run_abidiff(v1, v2)
+    assert d.exit_code & BIT_INCOMPATIBLE
+    assert d.removed_symbols == ["g"]
+    rep = check_library(v1, v2)
+    assert not rep.ok
+    assert any("removed symbol g" in p for p in rep.problems)
+
+
+def test_struct_layout_change_fails(tmp_path):
+    v1 = so(tmp_path, "v1", BASE_C)
+    v2 = so(tmp_path, "v2", BASE_C.replace("struct S { int a; };", "struct S { long x; int a; };"))
+    d = run_abidiff(v1, v2)
+    assert d.exit_code & BIT_ABI_CHANGE
+    assert d.functions["changed"] == 1
+    rep = check_library(v1, v2)
+    assert not rep.ok and "changed" in rep.problems[0]
+
+
+def test_cxx_class_layout_change_caught_by_type_check(tmp_path):
+    """What the overlay does for libc10_cuda: the official binary has no DWARF, so the layout check
+    compares unpatched vs patched rebuilds with -g (types_old/types_new)."""
+    src = """
+    namespace c10 { struct __attribute__((visibility("default"))) Stats {
+      long allocated; long reserved;
+      long total() const; };
+    long Stats::total() const { return allocated + reserved; } }
+    """
+    old_dbg = so(tmp_path, "old", src, cxx=True)
+    new_dbg = so(tmp_path, "new", src.replace("long allocated;", "long allocated; long swapped;"), cxx=True)
+    old_nodbg = so(tmp_path, "old_nodbg", src, cxx=True, debug=False)
+    new_nodbg = so(tmp_path, "new_nodbg", src.replace("long allocated;", "long allocated; long swapped;"),
+                   cxx=True, debug=False)
+    # symbol tables alone cannot see it ...
+    assert check_library(old_nodbg, new_nodbg).ok
+    # ... the debug-info comparison does
+    rep = check_library(old_nodbg, new_nodbg, types_old=old_dbg, types_new=new_dbg)
+    assert not rep.ok
+    assert any("type check" in p for p in rep.problems), rep.problems
+
+
+def test_signature_change_fails(tmp_path):
+    v1 = so(tmp_path, "v1", "namespace c10 { int set_limit(long v) { return (int)v; } }", cxx=True, debug=False)
+    v2 = so(tmp_path, "v2", "namespace c10 { int set_limit(long v, bool f) { return f ? 0 : (int)v; } }",
+            cxx=True, debug=False)
+    rep = check_library(v1, v2)
+    assert not rep.ok
+    assert any("_ZN3c109set_limitEl" in p for p in rep.problems)
+    assert "_ZN3c109set_limitElb" in rep.added
+
+
+def test_toolchain_artefact_rule(tmp_path):
+    """A removed std:: template instance is tolerated only if the unpatched rebuild lost it too and
+    every library of the wheel that imports it still finds it elsewhere. (Here the std:: copies are
+    dropped with a linker version script: the same effect as a different compiler not emitting them.)"""
+    src = """
+    #include <string>
+    #include <vector>
+    __attribute__((visibility("default"))) std::vector<std::string> names() { return {"a", "b"}; }
+    __attribute__((visibility("default"))) int lms_api() { return 1; }
+    """
+    names = "_Z5namesB5cxx11v"
+    vs_ok = tmp_path / "ok.map"
+    vs_ok.write_text(f"{{ global: {names}; _Z7lms_apiv; local: *; }};\n")
+    vs_bad = tmp_path / "bad.map"
+    vs_bad.write_text(f"{{ global: {names}; local: *; }};\n")
+
+    def lib(name, script=None):
+        (tmp_path / "src.cpp").write_text(textwrap.dedent(src))
+        out = tmp_path / f"lib{name}.so"
+        cmd = ["g++", "-shared", "-fPIC", "-O1", "-o", str(out), str(tmp_path / "src.cpp")]
+        if script:
+            cmd.append(f"-Wl,--version-script={script}")
+        subprocess.run(cmd, check=True)
+        return out
+
+    official = lib("official")
+    rebuilt = lib("rebuilt", vs_ok)          # the overlay's rebuild: std:: copies no longer exported
+    baseline_same = lib("baseline", vs_ok)   # the unpatched tree rebuilt with the same toolchain
+    baseline_full = lib("baseline_full")     # ... a toolchain that still exports them
+    removed = set(run_abidiff(official, rebuilt).removed_symbols)
+    assert removed and all(is_toolchain_symbol(s) for s in removed), removed
+    std = sorted(removed)
+
+    # the unpatched rebuild still exports them, so the patch must have dropped them -> fails
+    rep = check_library(official, rebuilt, baseline=baseline_full)
+    assert not rep.ok and any("unpatched rebuild still has it" in p for p in rep.problems)
+    # lost in the baseline too, imported by nobody -> tolerated
+    rep = check_library(official, rebuilt, baseline=baseline_same)
+    assert rep.ok, rep.problems
+    assert {t["symbol"] for t in rep.tolerated} == removed
+    # an importer that finds one nowhere else -> fails; with a provider -> tolerated
+    rep = check_library(official, rebuilt, baseline=baseline_same,
+                        importers={"libconsumer.so": {std[0]}}, providers={"libconsumer.so": set()})
+    assert not rep.ok and any("imported by libconsumer.so" in p for p in rep.problems)
+    rep = check_library(official, rebuilt, baseline=baseline_same,
+                        importers={"libconsumer.so": {std[0]}}, providers={"libconsumer.so": {std[0]}})
+    assert rep.ok
+    rep = check_library(official, rebuilt, baseline=baseline_same, importers={"libconsumer.so": {std[0]}},
+                        providers={"libconsumer.so": set()}, system_provided={std[0]})
+    assert rep.ok
+    # a non-toolchain symbol (our own API) removed is never tolerated, baseline or not
+    rebuilt_bad = lib("rebuilt_bad", vs_bad)
+    rep = check_library(official, rebuilt_bad, baseline=baseline_same)
+    assert not rep.ok and any("removed symbol _Z7lms_apiv" in p for p in rep.problems)
+
+
+def test_abidiff_tool_failure_is_a_failure(tmp_path):
+    bogus = tmp_path / "not-elf.so"
+    bogus.write_text("hello")
+    v1 = so(tmp_path, "v1", BASE_C)
+    rep = check_library(v1, bogus)
+    assert not rep.ok
+    assert "failed" in rep.problems[0]
+
+
+def test_cli(tmp_path):
+    import sys
+    v1 = so(tmp_path, "v1", BASE_C)
+    v2 = so(tmp_path, "v2", BASE_C + "int h(void) { return 2; }\n")
+    v3 = so(tmp_path, "v3", "struct S { int a; };\nint f(struct S *s) { return s->a; }\n")
+    repo = Path(__file__).resolve().parent.parent
+    ok = subprocess.run([sys.executable, "-m", "build_tools.abi", str(v1), str(v2)], cwd=repo,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "build_tools.abi", str(v1), str(v3)], cwd=repo,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "removed symbol g" in bad.stdout
