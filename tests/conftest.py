@@ -62,46 +62,40 @@ def upstream_repo():
     return get
 
 
-@pytest.fixture(scope="session")
-def upstream_tree(upstream_repo, tmp_path_factory):
+def _worktrees(upstream_repo, tmp_path_factory, label: str, prepare=None):
+    """A factory fixture body: one worktree per (framework, tag), made on first use, removed at the end."""
     from build_tools import gitutil
     made: dict = {}
-    repos = []
 
     def get(framework: str, tag: str) -> Path:
-        key = (framework, tag)
-        if key not in made:
+        if (framework, tag) not in made:
             repo, _ = upstream_repo(framework, tag)
-            made[key] = gitutil.add_worktree(repo, tmp_path_factory.mktemp(f"up-{framework}-{tag}") / "tree", tag)
-            repos.append((repo, made[key]))
-        return made[key]
+            wt = gitutil.add_worktree(repo, tmp_path_factory.mktemp(f"{label}-{framework}-{tag}") / "tree", tag)
+            made[(framework, tag)] = (repo, wt)
+            if prepare:
+                prepare(framework, tag, wt)
+        return made[(framework, tag)][1]
 
     yield get
-    for repo, wt in repos:
+    for repo, wt in made.values():
         gitutil.remove_worktree(repo, wt)
+
+
+@pytest.fixture(scope="session")
+def upstream_tree(upstream_repo, tmp_path_factory):
+    yield from _worktrees(upstream_repo, tmp_path_factory, "up")
 
 
 @pytest.fixture(scope="session")
 def lms_tree(upstream_repo, tmp_path_factory):
-    from build_tools import catalog, gitutil
+    from build_tools import catalog
     from build_tools.patch_factory.compose import compose_commit
-    made: dict = {}
-    repos = []
 
-    def get(framework: str, tag: str) -> Path:
-        key = (framework, tag)
-        if key not in made:
-            fw = catalog.framework(framework)
-            repo, _ = upstream_repo(framework, tag)
-            wt = gitutil.add_worktree(repo, tmp_path_factory.mktemp(f"lms-{framework}-{tag}") / "tree", tag)
-            repos.append((repo, wt))
-            compose_commit(catalog.profile(fw, tag), wt)
-            made[key] = wt
-        return made[key]
+    def compose(framework: str, tag: str, wt: Path) -> None:
+        fw = catalog.framework(framework)
+        compose_commit(catalog.profile(fw, tag), wt)
 
-    yield get
-    for repo, wt in repos:
-        gitutil.remove_worktree(repo, wt)
+    yield from _worktrees(upstream_repo, tmp_path_factory, "lms", compose)
 
 
 # ---- conformance report -----------------------------------------------------------------------------
