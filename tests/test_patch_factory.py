@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from build_tools import catalog, cli, gitutil
+from build_tools import catalog, gitutil
 from build_tools.errors import LmsError
 from build_tools.patch_factory import devtree, export
 from build_tools.patch_ops.apply import apply_patch

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from .. import LMS_BUILD, catalog, gitutil
 from ..catalog import TagProfile
 from ..errors import LmsError
+from ..overlay.wheelzip import copy_atomic
 from ..patch_ops.apply import apply_patch
 from ..progress import info
 from ..upstream import Source
@@ -65,15 +63,7 @@ def collect_wheel(produced: Path, pattern: str, dist: Path = DIST) -> Path:
     wheels = sorted(produced.glob(pattern))
     if len(wheels) != 1:
         raise LmsError(f"expected one wheel matching {pattern} in {produced}, found {len(wheels)}")
-    dist.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".incoming-", dir=dist)
-    os.close(fd)
-    try:
-        shutil.copyfile(wheels[0], tmp)
-        final = dist / wheels[0].name
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    final = dist / wheels[0].name
+    copy_atomic(wheels[0], final)
     info(f"wheel: {final}")
     return final

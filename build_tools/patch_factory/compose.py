@@ -52,7 +52,7 @@ def apply_series(worktree: Path, patches: list[Path], *, commit: bool) -> None:
                 gitutil.run(worktree, "am", "--abort", check=False)
             raise LmsError(f"edit {p.parent.name}/{p.name} does not apply:\n  " +
                            patchfile.describe_failure(patchfile.read(p), r.err + str(r.out)).replace("\n", "\n  "),
-                           hint=f"refresh the series: `python -m build_tools dev-tree ...`, fix, `save-edits`")
+                           hint="refresh the series: `python -m build_tools dev-tree ...`, fix, `save-edits`")
 
 
 def place_sources(prof: TagProfile, worktree: Path, *, link: bool) -> list[str]:
