@@ -164,18 +164,45 @@ def test_pressure_rule_and_margin_learning(m):
     assert m.learn_margin(60 * G, 70 * G, 59 * G, G // 2) == G // 2  # floor
 
 
+def test_margin_factor_learning(m):
+    G = 1 << 30
+    f = m.next_margin_factor
+    # first step, backward set a new peak 8 GiB over the level prefetching filled to
+    # (the level counts, not forward's end: prefetched tensors are the policy's own)
+    k = f(None, 2 * G, 70 * G, 60 * G, 78 * G, G // 2)
+    assert k == pytest.approx(8 * 1.05 / 2, rel=1e-6)
+    # a new peak measures exactly: the factor follows it up ...
+    assert f(1.0, 2 * G, 70 * G, 60 * G, 78 * G, G // 2) == pytest.approx(4.2, rel=1e-6)
+    # ... and down
+    assert f(9.0, 2 * G, 70 * G, 60 * G, 78 * G, G // 2) == pytest.approx(4.2, rel=1e-6)
+    # no new peak: the old peak only bounds this step from above, never raises k
+    assert f(1.0, 2 * G, 60 * G, 78 * G, 78 * G, G // 2) == 1.0
+    assert f(20.0, 2 * G, 60 * G, 78 * G, 78 * G, G // 2) == pytest.approx(18 * 1.05 / 2, rel=1e-6)
+    # backward that needs nothing keeps min_margin
+    assert f(None, 2 * G, 70 * G, 70 * G, 70 * G + 1, G // 2) == pytest.approx(0.25)
+    # ... or min_factor times the largest tensor, whichever is more
+    assert f(None, 2 * G, 70 * G, 70 * G, 70 * G + 1, G // 2, 1.0) == 1.0
+    assert f(3.0, 2 * G, 70 * G, 60 * G, 72 * G, G // 2, 1.0) == pytest.approx(1.05)
+
+
+def test_reserve_factor_learning(m):
+    G = 1 << 30
+    f = m.next_reserve_factor
+    assert f(3.0, 70 * G, 78 * G) == 3.0                    # under the limit: unchanged
+    assert f(3.0, 79 * G, 78 * G) == pytest.approx(3.75)    # over it: a quarter more
+    assert f(7.9, 79 * G, 78 * G) == 8.0                    # capped
+
+
 def test_plan_learning(m):
     G = 1 << 30
     # swapped nothing, forward ended 3 GiB above the trigger: plan 3 GiB (+ slack)
-    assert m.next_plan(0, 73 * G, 0, 70 * G, G // 2) == 3 * G + G // 2
-    # 2 GiB of the end were copies still in flight (freed soon): only 1 GiB more
-    assert m.next_plan(0, 73 * G, 2 * G, 70 * G, G // 2) == G + G // 2
+    assert m.next_plan(0, 73 * G, 70 * G, G // 2) == 3 * G + G // 2
     # swapped 20 GiB and ended 5 GiB under the trigger: 15 GiB would have done
-    assert m.next_plan(20 * G, 65 * G, 0, 70 * G, G // 2) == 15 * G + G // 2
+    assert m.next_plan(20 * G, 65 * G, 70 * G, G // 2) == 15 * G + G // 2
     # far under the trigger: nothing
-    assert m.next_plan(1 * G, 40 * G, 0, 70 * G, G // 2) == 0
+    assert m.next_plan(1 * G, 40 * G, 70 * G, G // 2) == 0
     # steady state: the plan reproduces itself
-    p = m.next_plan(10 * G, 70 * G - G // 2, 0, 70 * G, G // 2)
+    p = m.next_plan(10 * G, 70 * G - G // 2, 70 * G, G // 2)
     assert p == 10 * G
 
 

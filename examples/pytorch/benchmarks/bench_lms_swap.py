@@ -95,11 +95,21 @@ def build(model_name, batch, args):
                 self.head = nn.Linear(d, V, bias=False)
                 self.head.weight = self.tok.weight
 
-            def forward(self, idx):
+            def forward(self, idx, targets, chunk):
                 x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
                 for b in self.blocks:
                     x = b(x)
-                return self.head(self.ln(x))
+                x = self.ln(x)
+                # the loss over sequence chunks (as large-vocabulary trainers do): the
+                # fp32 logits of one chunk exist at a time instead of one [B, T, V] tensor
+                # that no saved-tensor hook could move (it is not saved for backward)
+                chunk = chunk or x.shape[1]
+                total = x.new_zeros((), dtype=torch.float32)
+                for xs, ts in zip(x.split(chunk, 1), targets.split(chunk, 1)):
+                    logits = self.head(xs).float()
+                    total = total + F.cross_entropy(logits.reshape(-1, V), ts.reshape(-1),
+                                                    reduction="sum")
+                return total / targets.numel()
 
         torch.manual_seed(0)
         model = GPT().to(dev)
@@ -107,8 +117,7 @@ def build(model_name, batch, args):
         idx = torch.randint(0, V, (batch, T + 1), device=dev, generator=g)
 
         def loss_fn():
-            logits = model(idx[:, :-1])
-            return F.cross_entropy(logits.reshape(-1, V).float(), idx[:, 1:].reshape(-1))
+            return model(idx[:, :-1], idx[:, 1:], args.loss_chunk)
 
         return model, loss_fn, batch * T, "tok/s"
     raise SystemExit(f"unknown model {model_name}")
@@ -136,6 +145,9 @@ def child(args):
         kw = {}
         if args.prefetch_depth is not None:
             kw["prefetch_depth"] = args.prefetch_depth
+        for opt in args.lms_option:
+            key, _, val = opt.partition("=")
+            kw[key] = float(val) if "." in val else int(val)
         if kw:
             lms.configure(**kw)
     result = {"model": args.model, "mode": args.mode, "batch": args.batch, "status": "ok"}
@@ -161,11 +173,30 @@ def child(args):
             return loss
 
         times = []
+        per_step = []
         t_start = time.perf_counter()
+
+        def record(kind, t0):
+            rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),
+                   "peak_alloc": torch.cuda.max_memory_allocated()}
+            if lms:
+                st = lms.stats()
+                for k in ("swap.out_bytes", "swap.in_bytes", "swap.fetched_on_demand",
+                          "swap.prefetched", "swap.planned_count", "swap.reactive_count",
+                          "swap.throttle_wait_ms", "host.reserved_bytes", "host.pin_ms",
+                          "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
+                          "policy.dev0.prefetch_reserve_bytes",
+                          "policy.dev0.forward_end_bytes", "policy.dev0.prefetch_fill_bytes"):
+                    rec[k] = st.get(k)
+            per_step.append(rec)
+            print("STEP " + json.dumps(rec), flush=True)
+
         for i in range(args.warmup):
+            t0 = time.perf_counter()
             step()
             torch.cuda.synchronize()
             times.append(("warmup", time.perf_counter() - t_start))
+            record("warmup", t0)
         s0 = lms.stats() if lms else None
         torch.cuda.synchronize()
         step_times = []
@@ -174,7 +205,10 @@ def child(args):
             loss = step()
             torch.cuda.synchronize()
             step_times.append(time.perf_counter() - t0)
+        for t in step_times:  # per-step records after timing (stats calls cost time)
+            per_step.append({"kind": "timed", "s": round(t, 4)})
         s1 = lms.stats() if lms else None
+        result["per_step"] = per_step
         total = sum(step_times)
         result.update(
             units_per_s=units * args.steps / total,
@@ -193,6 +227,10 @@ def child(args):
         kind = type(e).__name__
         result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
         result["error"] = str(e).splitlines()[0][:300]
+    ms = torch.cuda.memory_stats()
+    # allocator retries free its cache after synchronizing the device: a stall
+    result["alloc_retries"] = ms.get("num_alloc_retries")
+    result["sync_all_streams"] = ms.get("num_sync_all_streams")
     result["peak_alloc"] = torch.cuda.max_memory_allocated()
     result["peak_reserved"] = torch.cuda.max_memory_reserved()
     result["peak_host_rss"] = peak_rss()
@@ -259,7 +297,7 @@ def run_child(argv, timeout, guard_bytes, log):
 def search_max_batch(model, args, log, lo, hi):
     """Largest batch in [lo, hi) that stock trains (two steps), found in one child."""
     argv = ["--model", model, "--search", str(lo), str(hi), "--seq-len", str(args.seq_len),
-            "--image-size", str(args.image_size)]
+            "--image-size", str(args.image_size), "--loss-chunk", str(args.loss_chunk)]
     r = run_child(argv, args.timeout, int(args.host_guard_gib * GiB), log)
     return r.get("max_batch")
 
@@ -321,13 +359,20 @@ def main():
     ap.add_argument("--resnet-batch", type=int, default=450,
                     help="largest batch stock fits for ResNet-50 (FACTS.md: 450 on the H100; 0 = search)")
     ap.add_argument("--gpt2-batch", type=int, default=0, help="same for gpt2 (0 = search)")
+    ap.add_argument("--gpt2-search", type=int, nargs=2, default=[8, 64], metavar=("LO", "HI"),
+                    help="gpt2 batch search range: LO must fit, HI must not (default 8 64)")
     ap.add_argument("--image-size", type=int, default=448)
     ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--loss-chunk", type=int, default=512,
+                    help="gpt2: tokens per chunk of the loss (0 = the whole sequence at once)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--alloc-conf", default="expandable_segments:True",
                     help="PYTORCH_CUDA_ALLOC_CONF for all modes alike ('' = PyTorch's default)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--prefetch-depth", type=int, default=None)
+    ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an lms_swap tunable for the lms mode (repeatable), e.g. "
+                         "device_limit_fraction=0.95")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
@@ -350,7 +395,7 @@ def main():
     for model in args.models:
         base = args.resnet_batch if model == "resnet50" else args.gpt2_batch
         if not base:
-            lo, hi = (64, 1024) if model == "resnet50" else (4, 256)
+            lo, hi = (64, 1024) if model == "resnet50" else tuple(args.gpt2_search)
             base = search_max_batch(model, args, log, lo, hi)
             print(f"[{model}] largest stock batch: {base}", flush=True)
             if not base:
@@ -369,9 +414,12 @@ def main():
                 else:
                     argv = ["--model", model, "--mode", mode, "--batch", str(batch),
                             "--warmup", str(args.warmup), "--steps", str(args.steps),
-                            "--image-size", str(args.image_size), "--seq-len", str(args.seq_len)]
+                            "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
+                            "--loss-chunk", str(args.loss_chunk)]
                     if args.prefetch_depth is not None:
                         argv += ["--prefetch-depth", str(args.prefetch_depth)]
+                    for opt in args.lms_option:
+                        argv += ["--lms-option", opt]
                     timeout = min(args.timeout, max(20.0, args.budget + 60 - elapsed))
                     r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log)
                     row.update({k: v for k, v in r.items() if k not in row})
@@ -403,6 +451,8 @@ def summary_line(r):
             s += f" out/in {fmt_gib(r['out_bytes_per_step'])}/{fmt_gib(r['in_bytes_per_step'])}G"
         if "frac_of_bound" in r:
             s += f" {100 * r['frac_of_bound']:.0f}% of bound"
+        if r.get("alloc_retries"):
+            s += f" alloc retries {r['alloc_retries']}"
     elif r.get("error"):
         s += " | " + r["error"].strip().replace("\n", " ")[:160]
     return s
@@ -414,7 +464,7 @@ def write_markdown(path, cmd, results, args):
         f"Command: `{cmd}`", "",
         "bf16 autocast, SGD(momentum); ResNet-50 channels_last at "
         f"{args.image_size}x{args.image_size}; gpt2 = 12 layers, d=768, 12 heads, seq {args.seq_len}, "
-        "SDPA attention. "
+        f"SDPA attention, fp32 loss in chunks of {args.loss_chunk or args.seq_len} tokens. "
         f"PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf or '(default)'} for every mode. "
         f"{args.warmup} warm-up steps, then {args.steps} timed steps (synchronized). "
         "Bound = max(compute, S_out/54 GB/s + S_in/53 GB/s) with compute = stock step time "

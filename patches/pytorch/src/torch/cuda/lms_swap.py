@@ -54,19 +54,30 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     swapped.  Default: the allocator's LMS limit on a patched build when it is set, else
     ``device_limit_fraction`` (0.98) of the device's total memory.
 ``margin``
-    bytes kept free at the end of forward for backward's own allocations.  Default:
-    ``margin_factor`` (1.5) times the largest saved tensor; with ``adaptive_margin``
-    (default True) the factor is learned from a step that did not swap (backward's peak
-    over the end of forward), lowered when a step's peak shows less is needed and
-    raised when backward went over the limit.
+    bytes kept free at the end of forward for backward: forward swaps so that it ends
+    this far under the limit.  Default: learned (``adaptive_margin``, default True) as
+    backward's peak over forward's end, from every step (exactly from a step whose
+    backward set a new peak, else only ever lowered by that upper bound), never under
+    ``min_margin_factor`` (1) times the largest saved tensor nor ``min_margin``; the
+    first step, which has nothing to learn from, uses ``margin_factor`` (5) times the
+    largest saved tensor or ``first_margin_fraction`` (0.35) of the limit, whichever is
+    more (a language model's largest tensors come last, in its loss).
+``prefetch_reserve_factor``
+    backward's prefetching fills device memory only up to forward's end and up to the
+    limit less the margin and less this many (default 3) times the largest saved
+    tensor (raised by a quarter after a step whose backward went over the limit, never
+    lowered: backward's biggest allocations, e.g. ResNet-50's first layers allocating
+    twice their largest activation in fp32, come at moments no measurement at other
+    moments predicts).
 ``plan``
     (default True) learn from each step how many bytes had to be swapped and, in the
     next step, swap that much from the *start* of forward: the copies out then overlap
     forward, and backward, which needs those tensors last, has all its time to bring
     them back.  The pressure rule stays on as a safety net.
 ``prefetch_depth``
-    how many swapped tensors backward fetches ahead (default 4); prefetching also stops
-    when the device's free memory would fall under what backward needs.
+    at most this many swapped tensors are fetched ahead of backward (default 16); the
+    real depth adapts to memory: prefetching stops where the device allocation would go
+    over the limit less the margin.
 ``max_inflight_bytes``
     device bytes that may wait for a device->host copy before forward waits
     (default 1 GiB or the largest tensor seen, whichever is more); under memory
@@ -74,7 +85,7 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
 ``host_limit``
     bytes of pinned host memory for swap space.  Default: env
     ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` (shared with the allocator's host spill), else
-    75% of the machine's RAM.  On a patched build the allocator's
+    80% of the machine's RAM.  On a patched build the allocator's
     ``torch.cuda.lms._host_reserve``/``_host_release`` account the same budget.
 ``host_min_available``
     the pool does not grow when the machine would be left with less available memory
@@ -523,10 +534,13 @@ class SwapConfig:
         "device_limit": None,
         "device_limit_fraction": 0.98,
         "margin": None,
-        "margin_factor": 1.5,
+        "margin_factor": 5.0,
         "adaptive_margin": True,
         "min_margin": 512 * MiB,
-        "prefetch_depth": 4,
+        "min_margin_factor": 1.0,
+        "first_margin_fraction": 0.35,
+        "prefetch_reserve_factor": 3.0,
+        "prefetch_depth": 16,
         "max_inflight_bytes": 1 * GiB,
         "query_every": 8,
         "plan": True,
@@ -563,6 +577,12 @@ class SwapConfig:
             raise ValueError("size_threshold must be >= 0 bytes")
         if not (0.0 < float(self.device_limit_fraction) <= 1.0):
             raise ValueError("device_limit_fraction must be in (0, 1]")
+        if not (0.0 <= float(self.first_margin_fraction) < 1.0):
+            raise ValueError("first_margin_fraction must be in [0, 1)")
+        if float(self.margin_factor) < 0 or float(self.min_margin_factor) < 0 \
+                or float(self.prefetch_reserve_factor) < 0:
+            raise ValueError("margin_factor, min_margin_factor and prefetch_reserve_factor "
+                             "must be >= 0")
         if self.device_limit is not None and int(self.device_limit) <= 0:
             raise ValueError("device_limit must be > 0 bytes")
         if int(self.prefetch_depth) < 0:
@@ -611,32 +631,71 @@ def should_swap(nbytes: int, allocated: int, device_limit: int, margin: int) -> 
     return allocated + nbytes > swap_trigger(device_limit, margin)
 
 
-def next_plan(swapped: int, forward_end: int, inflight: int, trigger: int, slack: int) -> int:
+def next_plan(swapped: int, forward_end: int, trigger: int, slack: int) -> int:
     """Bytes to swap from the *start* of the next forward.
 
     Swapping the first tensors of forward is best: their copy out overlaps the rest of
     forward and backward needs them last, so their copy in overlaps backward.  This step
-    swapped ``swapped`` bytes and ended forward with ``forward_end`` bytes allocated, of
-    which ``inflight`` still wait for their copy (and will be freed): keeping the end of
-    forward ``slack`` under the trigger needs ``swapped + (end - inflight) - trigger +
-    slack`` bytes swapped (too much swapping shows as an end below the trigger and
-    lowers the plan)."""
-    return max(0, int(swapped) + int(forward_end) - int(inflight) - int(trigger) + int(slack))
+    swapped ``swapped`` bytes and ended forward with ``forward_end`` bytes allocated
+    (the caching allocator stops counting a swapped tensor when forward drops it, even
+    while its copy to the host still runs): keeping the end of forward ``slack`` under
+    the trigger needs ``swapped + end - trigger + slack`` bytes swapped (too much
+    swapping shows as an end below the trigger and lowers the plan).  (An earlier
+    version also subtracted the bytes still in flight; that counted them twice, and on
+    the H100 the plan fell to 0 at 1.25x and the next step ran out of memory.)"""
+    return max(0, int(swapped) + int(forward_end) - int(trigger) + int(slack))
 
 
 def learn_margin(
-    forward_end_allocated: int,
+    resident: int,
     peak_before: int,
     peak_after: int,
     min_margin: int,
 ) -> int:
-    """Backward's extra memory, learned after a step.
+    """Backward's own memory need, learned after a step.
 
-    ``peak_after - forward_end_allocated`` bounds what backward allocated on top of what
-    forward left (exact when the step set a new peak, ``peak_after > peak_before``; an
-    upper bound otherwise).  Never below ``min_margin``."""
-    extra = max(0, int(peak_after) - int(forward_end_allocated))
+    ``resident`` is the device allocation at the end of forward.  Backward's peak less
+    that is what backward needed on top of it (its gradients and workspaces, and what
+    prefetching brought back early): exact when the step's backward set a new peak
+    (``peak_after > peak_before``), an upper bound otherwise.  With 5% added, never
+    below ``min_margin``.  (The level prefetching filled memory to is not a better
+    base: backward's peak comes at another moment, and on the H100 a margin learned
+    from it fell to a third of the largest tensor, then the next step ran out of
+    memory.)"""
+    extra = max(0, int(peak_after) - int(resident))
     return max(int(min_margin), int(extra * 1.05))
+
+
+def next_reserve_factor(current: float, peak: int, limit: int) -> float:
+    """The prefetch headroom, as a multiple of the largest saved tensor, after a step
+    whose backward set a new ``peak``: a quarter more when that peak went over
+    ``limit``, else unchanged.  Never lowered, capped at 8."""
+    k = float(current)
+    if peak > limit:
+        k *= 1.25
+    return min(8.0, k)
+
+
+def next_margin_factor(
+    current: Optional[float],
+    largest: int,
+    resident: int,
+    peak_before: int,
+    peak_after: int,
+    min_margin: int,
+    min_factor: float = 0.0,
+) -> float:
+    """The margin, as a multiple of the largest saved tensor, for the next step.
+
+    A step whose backward set a new peak measured backward's need exactly: take it, up
+    or down.  Otherwise the peak is older and only bounds this step's need from above:
+    lower the factor to it, never raise it (``current`` None: nothing learned yet).
+    Never below ``min_factor``."""
+    need = learn_margin(resident, peak_before, peak_after, min_margin)
+    k = need / max(1, int(largest))
+    if current is not None and peak_after <= peak_before:
+        k = min(float(current), k)
+    return max(float(min_factor), k)
 
 
 # --------------------------------------------------------------------------------------
@@ -664,7 +723,8 @@ class _DevState:
     __slots__ = (
         "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
         "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
-        "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
+        "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k", "fill",
+        "reserve_k", "reactive_max", "tail",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -683,6 +743,10 @@ class _DevState:
         self.swapped_in_fwd = 0
         self.limit: Optional[int] = None
         self.k: Optional[float] = None  # learned margin / largest saved tensor
+        self.fill = 0        # highest allocation prefetching brought backward to
+        self.reserve_k = 0.0  # prefetch headroom / largest saved tensor (raised on overrun)
+        self.reactive_max = 0  # largest tensor swapped under pressure in this forward
+        self.tail = 0          # largest ever: the plan keeps forward's end that much lower
         self.cursor = 0      # lowest pack position consumed in this backward
         self.plan = 0        # bytes to swap from the start of forward (learned)
         self.planned = 0     # bytes swapped by the plan in this forward
@@ -739,7 +803,7 @@ class ActivationSwapper:
         if limit is None:
             limit = host_mem_limit_from_env()
         if limit is None:
-            limit = int(total * 0.75) if total else 64 * GiB
+            limit = int(total * 0.80) if total else 64 * GiB
         minav = cfg.host_min_available
         if minav is None:
             minav = max(2 * GiB, int(total * 0.05)) if total else 0
@@ -798,6 +862,10 @@ class ActivationSwapper:
                 out[f"policy.{tag}.margin_bytes"] = st.margin
                 out[f"policy.{tag}.device_limit_bytes"] = st.limit
                 out[f"policy.{tag}.plan_bytes"] = st.plan
+                out[f"policy.{tag}.prefetch_reserve_bytes"] = (
+                    self._prefetch_reserve(st) if st.largest else None)
+                out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
+                out[f"policy.{tag}.prefetch_fill_bytes"] = st.fill
             if self._pool is not None:
                 out.update(self._pool.stats())
             return out
@@ -853,16 +921,30 @@ class ActivationSwapper:
         return st.limit
 
     def _margin(self, st: _DevState) -> int:
-        """Room left at the end of forward for backward's own allocations: a fixed
-        ``margin``, else ``margin_factor`` (learned) times the largest saved tensor
-        (backward's gradients are about that size, a few at a time)."""
+        """Room kept for backward's own allocations: a fixed ``margin``, else the learned
+        factor (``margin_factor`` until a step was seen) times the largest saved tensor
+        (backward's gradients scale with it)."""
         cfg = self.config
         if cfg.margin is not None:
             st.margin = int(cfg.margin)
+        elif st.k is not None:
+            st.margin = max(int(cfg.min_margin), int(st.k * st.largest))
         else:
-            k = st.k if st.k is not None else float(cfg.margin_factor)
-            st.margin = max(int(cfg.min_margin), int(k * st.largest))
+            # first step: nothing learned, and the largest tensors may come last (a
+            # language model's loss): keep a share of the limit as well
+            st.margin = max(int(cfg.min_margin), int(cfg.margin_factor * st.largest),
+                            int(float(cfg.first_margin_fraction) * self._device_limit(st)))
         return st.margin
+
+    def _prefetch_reserve(self, st: _DevState) -> int:
+        """Device memory prefetching leaves free for backward's own allocations: the
+        margin, and at least ``prefetch_reserve_factor`` times the largest saved tensor
+        (raised by a quarter after a step whose backward went over the limit).  Not
+        learned down: backward's biggest allocations (ResNet-50's first layers allocate
+        twice their largest activation in fp32) come at moments the prefetch level does
+        not predict."""
+        k = max(float(self.config.prefetch_reserve_factor), st.reserve_k)
+        return max(self._margin(st), int(k * st.largest) + 256 * MiB)
 
     def _allocated(self, st: _DevState) -> int:
         self.c["memory_queries"] += 1
@@ -888,20 +970,17 @@ class ActivationSwapper:
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None):
                 peak = torch.cuda.max_memory_allocated(st.index)
-                extra = learn_margin(st.fwd_end, st.peak_before or 0, peak,
-                                     int(self.config.min_margin))
-                k = st.k if st.k is not None else float(self.config.margin_factor)
-                if st.swapped_in_fwd == 0 and peak > (st.peak_before or 0):
-                    # a step without swapping that set a new peak: backward's extra
-                    # memory is exactly peak - forward end
-                    st.k = extra / st.largest
-                elif peak > (st.peak_before or 0) and peak > self._device_limit(st):
-                    st.k = k * 1.1  # this step's backward went over the limit
-                else:
-                    # peak - forward end bounds this step's extra from above (the
-                    # peak may be older; prefetches count in): only ever lower k by it
-                    st.k = min(k, extra / st.largest)
+                st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
+                                          st.peak_before or 0, peak,
+                                          int(self.config.min_margin),
+                                          float(self.config.min_margin_factor))
+                if peak > (st.peak_before or 0):
+                    st.reserve_k = next_reserve_factor(
+                        max(float(self.config.prefetch_reserve_factor), st.reserve_k),
+                        peak, self._device_limit(st))
+                self.c["margin_updates"] += 1
             st.fwd_end = None
+            st.fill = 0
             st.since_query = 1 << 30
             st.est = 0
             alive = [r for r in st.order if r() is not None]
@@ -913,6 +992,7 @@ class ActivationSwapper:
             st.swapped_in_fwd = 0
             st.planned = 0
             st.reactive = 0
+            st.reactive_max = 0
 
     def _begin_backward(self) -> None:
         self._phase = "bwd"
@@ -924,15 +1004,24 @@ class ActivationSwapper:
             st.cursor = len(st.order)
             if st.index is not None and self.config.policy == "auto":
                 st.fwd_end = self._allocated(st)
+                st.fill = st.fwd_end
                 st.peak_before = torch.cuda.max_memory_allocated(st.index)
                 if self.config.plan:
                     trig = swap_trigger(self._device_limit(st), self._margin(st))
                     if st.planned + st.reactive == 0 and st.fwd_end <= trig:
                         st.plan = 0
                     else:
-                        st.plan = next_plan(st.planned + st.reactive, st.fwd_end,
-                                            st.inflight_bytes, trig,
-                                            max(256 * MiB, self._device_limit(st) // 128))
+                        # the slack includes the largest tensor swapped under pressure so
+                        # far: the pressure rule looks one tensor ahead, and a plan that
+                        # ends forward just under the trigger leaves the last (and for a
+                        # language model's loss, largest) tensors to it; those are the
+                        # ones backward needs first (GPT-2 on the H100: 11 GiB/step)
+                        # (not from the first step, which swaps from a guessed margin)
+                        if st.k is not None:
+                            st.tail = max(st.tail, st.reactive_max)
+                        st.plan = next_plan(st.planned + st.reactive, st.fwd_end, trig,
+                                            max(256 * MiB, self._device_limit(st) // 128)
+                                            + st.tail)
             self._drain(st, wait=False)
 
     # -- pack ------------------------------------------------------------------------
@@ -1000,38 +1089,31 @@ class ActivationSwapper:
         if st.planned < st.plan:
             st.planned += nbytes
             self.c["planned_count"] += 1
-            return True, pressure > 0
-        if pressure == 2:
+            return True, pressure
+        if pressure:
             st.reactive += nbytes
+            st.reactive_max = max(st.reactive_max, nbytes)
             self.c["reactive_count"] += 1
             return True, True
-        if pressure == 1:
-            # over the trigger only because copies to the host are still running:
-            # their memory comes back when they end, so wait instead of swapping more
-            self._drain(st, wait=True, allowance=0)
         return False, False
 
-    def _pressure(self, st: _DevState, nbytes: int) -> int:
-        """0: the device allocation (which includes the tensor being saved) is under
-        the trigger; 1: over it, but not after the tensors still being copied to the
-        host are freed; 2: over it.  Queries the allocator only every ``query_every``
-        tensors while the estimate stays far below the trigger."""
+    def _pressure(self, st: _DevState, nbytes: int) -> bool:
+        """Whether the device allocation (which includes the tensor being saved) is over
+        the trigger by :func:`should_swap`.  Queries the allocator only every
+        ``query_every`` tensors while the estimate stays far below the trigger.  (A
+        version that only waited for running copies instead of swapping, when those
+        copies alone explained the pressure, ran out of device memory at 1.5x on the
+        H100: the allocator no longer counts tensors whose copy is still running.)"""
         trigger = swap_trigger(self._device_limit(st), self._margin(st))
         st.since_query += 1
         slack = max(2 * st.largest, 1 * GiB)
         if st.est + nbytes <= trigger - slack and st.since_query < self.config.query_every:
             st.est += nbytes
-            return 0
+            return False
         alloc = self._allocated(st)
         st.est = alloc
         st.since_query = 0
-        if not should_swap(nbytes, alloc, self._device_limit(st), self._margin(st)):
-            return 0
-        self._drain(st, wait=False)
-        if should_swap(nbytes, alloc - st.inflight_bytes, self._device_limit(st),
-                       self._margin(st)):
-            return 2
-        return 1
+        return should_swap(nbytes, alloc, self._device_limit(st), self._margin(st))
 
     def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
                   wait: bool = True) -> Optional[_Swapped]:
@@ -1187,16 +1269,17 @@ class ActivationSwapper:
         return dst
 
     def _prefetch(self, st: _DevState, start: int, device: torch.device) -> None:
-        """Fetch the next ``prefetch_depth`` swapped tensors below position ``start``
-        of the pack order (backward needs them in about that order), as far as the
-        device has memory to spare for them beyond what backward itself needs."""
+        """Fetch the swapped tensors below position ``start`` of the pack order
+        (backward needs them in about that order), at most ``prefetch_depth`` ahead and
+        only while the device allocation stays under the limit less the margin (the
+        room backward needs for itself)."""
         depth = int(self.config.prefetch_depth)
         order = st.order
         j = min(start, len(order)) - 1
         count = 0
         free = None
         fetched = 0
-        reserve = 3 * st.largest + 256 * MiB  # backward's own gradients, workspaces
+        alloc = 0
         limit = self._device_limit(st)
         while j >= 0 and count < depth:
             c = order[j]()
@@ -1209,13 +1292,23 @@ class ActivationSwapper:
             if c.gpu is not None:
                 continue
             if free is None:
-                free = limit - self._allocated(st) - reserve
+                alloc = self._allocated(st)
+                ceiling = limit - self._prefetch_reserve(st)
+                if st.fwd_end is not None and self.config.policy == "auto":
+                    # never hold more than forward left: backward's peak over forward's
+                    # end then measures backward's own need (the margin), not how far
+                    # prefetching went (a margin that fed on its own prefetching stayed
+                    # at 17 GB for a GPT-2 that needed less, on the H100)
+                    ceiling = min(ceiling, st.fwd_end)
+                free = ceiling - alloc
             if fetched + c.nbytes > free:
                 self.c["prefetch_deferred"] += 1
                 break
             self._fetch(st, c)
             fetched += c.nbytes
             self.c["prefetched"] += 1
+        if fetched and alloc + fetched > st.fill:
+            st.fill = alloc + fetched
 
     # -- release -----------------------------------------------------------------------
     def _release(self, h: _Swapped) -> None:
