@@ -69,11 +69,13 @@ def parse_args(argv=None):
                      help="tensors smaller than this stay on the device")
     lms.add_argument("--lms-limit-gb", type=float, default=None,
                      help="device allocation at which swapping starts (default: 98%% of the GPU)")
-    lms.add_argument("--lms-prefetch", type=int, default=4, help="prefetch depth in backward")
+    lms.add_argument("--lms-prefetch", type=int, default=None,
+                     help="most tensors fetched ahead in backward (default: lms_swap's, 16; "
+                          "memory decides below that)")
     lms.add_argument("--lms-inflight-gb", type=float, default=2.0,
                      help="device GiB allowed to wait for copies to host before forward waits")
     lms.add_argument("--lms-host-limit-gb", type=float, default=None,
-                     help="pinned host memory for swap (default: PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB or 75%% of RAM)")
+                     help="pinned host memory for swap (default: PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB or 80%% of RAM)")
     lms.add_argument("--lms-no-plan", action="store_true", help="only swap under pressure (no learned plan)")
     prof = p.add_argument_group("profiling")
     prof.add_argument("--nvtx", action="store_true", help="NVTX ranges per step/phase (for nsys)")
@@ -86,8 +88,9 @@ def load_lms(args):
     from lms_swap_loader import load_lms_swap
     mod = load_lms_swap()
     kw = dict(policy=args.lms_policy, size_threshold=args.lms_threshold_kb * 1024,
-              prefetch_depth=args.lms_prefetch,
               max_inflight_bytes=int(args.lms_inflight_gb * GiB), plan=not args.lms_no_plan)
+    if args.lms_prefetch is not None:
+        kw["prefetch_depth"] = args.lms_prefetch
     if args.lms_limit_gb:
         kw["device_limit"] = int(args.lms_limit_gb * GiB)
     if args.lms_host_limit_gb:
