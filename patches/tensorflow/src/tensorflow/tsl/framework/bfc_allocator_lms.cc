@@ -147,20 +147,25 @@ size_t BFCAllocator::LmsReleaseFreePages(size_t want_pages, size_t below_bytes,
   return released;
 }
 
-Status BFCAllocator::LmsSpillLru(size_t need_pages) {
-  std::vector<std::pair<uint64, ChunkHandle>> victims;
+std::vector<std::pair<uint64, BFCAllocator::ChunkHandle>>
+BFCAllocator::LmsInUseChunksWith(LmsVirtualMemSubAllocator::PageState state) {
+  std::vector<std::pair<uint64, ChunkHandle>> out;
   for (const AllocationRegion& region : region_manager_.regions()) {
     ChunkHandle h = region_manager_.get_handle(region.ptr());
     while (h != kInvalidChunkHandle) {
       const Chunk* c = ChunkFromHandle(h);
-      if (c->in_use() &&
-          lms_->CountPages(c->ptr, c->size,
-                           LmsVirtualMemSubAllocator::PageState::kDevice) > 0) {
-        victims.emplace_back(LmsRecency(h), h);
+      if (c->in_use() && lms_->CountPages(c->ptr, c->size, state) > 0) {
+        out.emplace_back(LmsRecency(h), h);
       }
       h = c->next;
     }
   }
+  return out;
+}
+
+Status BFCAllocator::LmsSpillLru(size_t need_pages) {
+  std::vector<std::pair<uint64, ChunkHandle>> victims =
+      LmsInUseChunksWith(LmsVirtualMemSubAllocator::PageState::kDevice);
   std::sort(victims.begin(), victims.end());
   for (const auto& v : victims) {
     if (lms_->DevicePagesAvailable() >= need_pages) break;
@@ -335,19 +340,8 @@ void BFCAllocator::LmsFetchMru() {
   if (lms_->host_pages_mapped() == 0 || lms_->DevicePagesAvailable() == 0) {
     return;
   }
-  std::vector<std::pair<uint64, ChunkHandle>> spilled;
-  for (const AllocationRegion& region : region_manager_.regions()) {
-    ChunkHandle h = region_manager_.get_handle(region.ptr());
-    while (h != kInvalidChunkHandle) {
-      const Chunk* c = ChunkFromHandle(h);
-      if (c->in_use() &&
-          lms_->CountPages(c->ptr, c->size,
-                           LmsVirtualMemSubAllocator::PageState::kHost) > 0) {
-        spilled.emplace_back(LmsRecency(h), h);
-      }
-      h = c->next;
-    }
-  }
+  std::vector<std::pair<uint64, ChunkHandle>> spilled =
+      LmsInUseChunksWith(LmsVirtualMemSubAllocator::PageState::kHost);
   std::sort(spilled.rbegin(), spilled.rend());
   for (const auto& v : spilled) {
     if (lms_->DevicePagesAvailable() == 0) break;
