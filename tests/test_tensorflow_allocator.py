@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import textwrap
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -66,15 +65,6 @@ def tree(lms_tree):
     return lms_tree("tensorflow", TAG)
 
 
-def _gtest_results(xml: Path) -> dict:
-    out = {}
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        failed = case.find("failure") is not None or case.find("error") is not None
-        out[f"{case.get('classname')}.{case.get('name')}"] = (
-            "failed" if failed else case.get("result", case.get("status")))
-    return out
-
-
 def test_upstream_bfc_test_adaptation_keeps_every_test(upstream_tree):
     src = (upstream_tree("tensorflow", TAG) / tab.UPSTREAM_TEST).read_text()
     adapted = tab.adapt_upstream_test(src)
@@ -94,7 +84,7 @@ def test_allocator_conformance_cpu(tree, tmp_path):
                        stderr=subprocess.STDOUT, text=True, timeout=900)
     summary = "\n".join([l for l in r.stdout.splitlines() if l.startswith("[")][-60:])
     assert r.returncode == 0, summary
-    res = _gtest_results(xml)
+    res = tab.gtest_results(xml)
     upstream = [n for n in res if n.startswith("GPUBFCAllocator") and ".DISABLED_" not in n]
     # TensorFlow's own tests (25 on v2.14.1; parameterized ones on both
     # sub-allocator kinds: plain and page-mapped).

@@ -297,3 +297,14 @@ def run_tests(binary: Path, gtest_filter: str | None = None,
         cmd.append(f"--gtest_output=xml:{xml}")
     log("running " + " ".join(cmd))
     return subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
+
+
+def gtest_results(xml: Path) -> dict:
+    """{"Suite.Test": "failed" or gtest's result/status} from a --gtest_output=xml report."""
+    import xml.etree.ElementTree as ET
+    out = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        out[f"{case.get('classname')}.{case.get('name')}"] = (
+            "failed" if failed else case.get("result", case.get("status")))
+    return out

@@ -16,10 +16,11 @@ lms_bfc_allocator_test.cc.
 
 import os
 import subprocess
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from build_tools.tf_allocator_build import gtest_results
 
 REPO = Path(__file__).resolve().parents[3]
 BUNDLE = Path(os.environ.get("TF_LMS_ALLOCATOR_BUNDLE", REPO / ".device" / "tf"))
@@ -39,15 +40,6 @@ MUST_PASS = [
 ]
 
 
-def _results(xml: Path) -> dict:
-    out = {}
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        name = f"{case.get('classname')}.{case.get('name')}"
-        failed = case.find("failure") is not None or case.find("error") is not None
-        out[name] = "failed" if failed else case.get("result", case.get("status"))
-    return out
-
-
 @pytest.mark.gpu
 def test_tensorflow_lms_allocator_on_gpu(tmp_path):
     if not BINARY.exists():
@@ -59,7 +51,7 @@ def test_tensorflow_lms_allocator_on_gpu(tmp_path):
                        timeout=900, env={**os.environ, "LD_LIBRARY_PATH": str(BUNDLE)})
     tail = "\n".join([l for l in r.stdout.splitlines() if l.startswith("[")][-80:])
     assert r.returncode == 0, tail
-    res = _results(xml)
+    res = gtest_results(xml)
     upstream = [n for n in res if n.startswith("GPUBFCAllocator") and ".DISABLED_" not in n]
     assert len(upstream) >= 25, res
     for name in upstream + MUST_PASS:
