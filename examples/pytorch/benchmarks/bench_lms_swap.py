@@ -186,7 +186,7 @@ def child(args):
                           "swap.throttle_wait_ms", "host.reserved_bytes", "host.pin_ms",
                           "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
                           "policy.dev0.prefetch_reserve_bytes",
-                          "policy.dev0.forward_end_bytes", "policy.dev0.prefetch_fill_bytes"):
+                          "policy.dev0.forward_end_bytes"):
                     rec[k] = st.get(k)
             per_step.append(rec)
             print("STEP " + json.dumps(rec), flush=True)

@@ -723,7 +723,7 @@ class _DevState:
     __slots__ = (
         "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
         "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
-        "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k", "fill",
+        "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
         "reserve_k", "reactive_max", "tail",
     )
 
@@ -743,7 +743,6 @@ class _DevState:
         self.swapped_in_fwd = 0
         self.limit: Optional[int] = None
         self.k: Optional[float] = None  # learned margin / largest saved tensor
-        self.fill = 0        # highest allocation prefetching brought backward to
         self.reserve_k = 0.0  # prefetch headroom / largest saved tensor (raised on overrun)
         self.reactive_max = 0  # largest tensor swapped under pressure in this forward
         self.tail = 0          # largest ever: the plan keeps forward's end that much lower
@@ -865,7 +864,6 @@ class ActivationSwapper:
                 out[f"policy.{tag}.prefetch_reserve_bytes"] = (
                     self._prefetch_reserve(st) if st.largest else None)
                 out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
-                out[f"policy.{tag}.prefetch_fill_bytes"] = st.fill
             if self._pool is not None:
                 out.update(self._pool.stats())
             return out
@@ -980,7 +978,6 @@ class ActivationSwapper:
                         peak, self._device_limit(st))
                 self.c["margin_updates"] += 1
             st.fwd_end = None
-            st.fill = 0
             st.since_query = 1 << 30
             st.est = 0
             alive = [r for r in st.order if r() is not None]
@@ -1004,7 +1001,6 @@ class ActivationSwapper:
             st.cursor = len(st.order)
             if st.index is not None and self.config.policy == "auto":
                 st.fwd_end = self._allocated(st)
-                st.fill = st.fwd_end
                 st.peak_before = torch.cuda.max_memory_allocated(st.index)
                 if self.config.plan:
                     trig = swap_trigger(self._device_limit(st), self._margin(st))
@@ -1271,15 +1267,14 @@ class ActivationSwapper:
     def _prefetch(self, st: _DevState, start: int, device: torch.device) -> None:
         """Fetch the swapped tensors below position ``start`` of the pack order
         (backward needs them in about that order), at most ``prefetch_depth`` ahead and
-        only while the device allocation stays under the limit less the margin (the
-        room backward needs for itself)."""
+        only while the device allocation stays under forward's end and under the limit
+        less :meth:`_prefetch_reserve` (the room backward needs for itself)."""
         depth = int(self.config.prefetch_depth)
         order = st.order
         j = min(start, len(order)) - 1
         count = 0
         free = None
         fetched = 0
-        alloc = 0
         limit = self._device_limit(st)
         while j >= 0 and count < depth:
             c = order[j]()
@@ -1292,7 +1287,6 @@ class ActivationSwapper:
             if c.gpu is not None:
                 continue
             if free is None:
-                alloc = self._allocated(st)
                 ceiling = limit - self._prefetch_reserve(st)
                 if st.fwd_end is not None and self.config.policy == "auto":
                     # never hold more than forward left: backward's peak over forward's
@@ -1300,15 +1294,13 @@ class ActivationSwapper:
                     # prefetching went (a margin that fed on its own prefetching stayed
                     # at 17 GB for a GPT-2 that needed less, on the H100)
                     ceiling = min(ceiling, st.fwd_end)
-                free = ceiling - alloc
+                free = ceiling - self._allocated(st)
             if fetched + c.nbytes > free:
                 self.c["prefetch_deferred"] += 1
                 break
             self._fetch(st, c)
             fetched += c.nbytes
             self.c["prefetched"] += 1
-        if fetched and alloc + fetched > st.fill:
-            st.fill = alloc + fetched
 
     # -- release -----------------------------------------------------------------------
     def _release(self, h: _Swapped) -> None:
