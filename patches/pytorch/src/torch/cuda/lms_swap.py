@@ -77,7 +77,8 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
 ``prefetch_depth``
     at most this many swapped tensors are fetched ahead of backward (default 16); the
     real depth adapts to memory: prefetching stops where the device allocation would go
-    over the limit less the margin.
+    over forward's end or over the limit less the prefetch headroom (see
+    ``prefetch_reserve_factor``).
 ``max_inflight_bytes``
     device bytes that may wait for a device->host copy before forward waits
     (default 1 GiB or the largest tensor seen, whichever is more); under memory
@@ -647,14 +648,14 @@ def next_plan(swapped: int, forward_end: int, trigger: int, slack: int) -> int:
 
 
 def learn_margin(
-    resident: int,
+    forward_end: int,
     peak_before: int,
     peak_after: int,
     min_margin: int,
 ) -> int:
     """Backward's own memory need, learned after a step.
 
-    ``resident`` is the device allocation at the end of forward.  Backward's peak less
+    ``forward_end`` is the device allocation at the end of forward.  Backward's peak less
     that is what backward needed on top of it (its gradients and workspaces, and what
     prefetching brought back early): exact when the step's backward set a new peak
     (``peak_after > peak_before``), an upper bound otherwise.  With 5% added, never
@@ -662,7 +663,7 @@ def learn_margin(
     base: backward's peak comes at another moment, and on the H100 a margin learned
     from it fell to a third of the largest tensor, then the next step ran out of
     memory.)"""
-    extra = max(0, int(peak_after) - int(resident))
+    extra = max(0, int(peak_after) - int(forward_end))
     return max(int(min_margin), int(extra * 1.05))
 
 
@@ -679,7 +680,7 @@ def next_reserve_factor(current: float, peak: int, limit: int) -> float:
 def next_margin_factor(
     current: Optional[float],
     largest: int,
-    resident: int,
+    forward_end: int,
     peak_before: int,
     peak_after: int,
     min_margin: int,
@@ -691,7 +692,7 @@ def next_margin_factor(
     or down.  Otherwise the peak is older and only bounds this step's need from above:
     lower the factor to it, never raise it (``current`` None: nothing learned yet).
     Never below ``min_factor``."""
-    need = learn_margin(resident, peak_before, peak_after, min_margin)
+    need = learn_margin(forward_end, peak_before, peak_after, min_margin)
     k = need / max(1, int(largest))
     if current is not None and peak_after <= peak_before:
         k = min(float(current), k)
@@ -941,8 +942,10 @@ class ActivationSwapper:
         learned down: backward's biggest allocations (ResNet-50's first layers allocate
         twice their largest activation in fp32) come at moments the prefetch level does
         not predict."""
-        k = max(float(self.config.prefetch_reserve_factor), st.reserve_k)
-        return max(self._margin(st), int(k * st.largest) + 256 * MiB)
+        return max(self._margin(st), int(self._reserve_factor(st) * st.largest) + 256 * MiB)
+
+    def _reserve_factor(self, st: _DevState) -> float:
+        return max(float(self.config.prefetch_reserve_factor), st.reserve_k)
 
     def _allocated(self, st: _DevState) -> int:
         self.c["memory_queries"] += 1
@@ -973,9 +976,8 @@ class ActivationSwapper:
                                           int(self.config.min_margin),
                                           float(self.config.min_margin_factor))
                 if peak > (st.peak_before or 0):
-                    st.reserve_k = next_reserve_factor(
-                        max(float(self.config.prefetch_reserve_factor), st.reserve_k),
-                        peak, self._device_limit(st))
+                    st.reserve_k = next_reserve_factor(self._reserve_factor(st), peak,
+                                                       self._device_limit(st))
                 self.c["margin_updates"] += 1
             st.fwd_end = None
             st.since_query = 1 << 30
