@@ -167,8 +167,7 @@ def test_pressure_rule_and_margin_learning(m):
 def test_margin_factor_learning(m):
     G = 1 << 30
     f = m.next_margin_factor
-    # first step, backward set a new peak 8 GiB over the level prefetching filled to
-    # (the level counts, not forward's end: prefetched tensors are the policy's own)
+    # first step: backward set a new peak 8 GiB over forward's end
     k = f(None, 2 * G, 70 * G, 60 * G, 78 * G, G // 2)
     assert k == pytest.approx(8 * 1.05 / 2, rel=1e-6)
     # a new peak measures exactly: the factor follows it up ...
