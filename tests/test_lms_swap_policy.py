@@ -205,6 +205,30 @@ def test_plan_learning(m):
     assert p == 10 * G
 
 
+def test_tail_rule(m):
+    G = 1 << 30
+    # the previous forward saved 40 GiB; the largest saved tensor is 3 GiB
+    assert m.in_tail(37 * G, 3 * G, 40 * G, 3 * G)          # the last tensor
+    assert m.in_tail(36 * G, 2 * G, 40 * G, 3 * G)          # 2 GiB saved after it
+    assert not m.in_tail(34 * G, 3 * G, 40 * G, 3 * G)      # 3 GiB after it: not the tail
+    assert not m.in_tail(37 * G, 3 * G, None, 3 * G)        # first step: nothing known
+
+
+def test_forward_end_prediction(m):
+    G = 1 << 30
+    # the previous forward read the allocation at 10, 20 and 30 GiB saved; it swapped
+    # 4 GiB in all and ended at 60 GiB allocated (64 GiB unswapped)
+    off = [10 * G, 20 * G, 30 * G]
+    growth = m.growth_to_end(off, [40 * G, 55 * G, 67 * G], 60 * G, 4 * G)
+    assert growth == [24 * G, 9 * G, -3 * G]   # the last reading had 3 GiB of transients
+    p = m.predict_forward_end
+    assert p(50 * G, 25 * G, off, growth, 32 * G) == 59 * G   # the reading at 20 GiB
+    assert p(68 * G, 30 * G, off, growth, 32 * G) == 65 * G   # transients end
+    assert p(50 * G, 5 * G, off, growth, 32 * G) is None      # before the first reading
+    assert p(50 * G, 33 * G, off, growth, 32 * G) is None     # longer than the last step
+    assert p(50 * G, 25 * G, off, growth, None) is None       # first step
+
+
 def test_dense_span(m):
     f = m._dense_span
     x = torch.empty(4, 3, 8, 8)
@@ -279,6 +303,40 @@ def test_auto_policy_swaps_only_past_the_limit(m):
     sw = cpu_swapper(m, policy="auto", device_limit=1, margin=2, adaptive_margin=False)
     _equal(_train(contextlib.nullcontext), _train(lambda: sw))
     assert sw.stats()["swap.out_count"] > 0
+
+
+def _pressure_everywhere(m, **kw):
+    # CPU mode reads the allocation as 0: limit 1 GiB and margin 1 GiB - 1 make every
+    # tensor cross the trigger while the allocation stays under the limit
+    return cpu_swapper(m, policy="auto", device_limit=1 << 30, margin=(1 << 30) - 1,
+                       adaptive_margin=False, **kw)
+
+
+def test_tail_is_kept_from_the_second_step(m):
+    sw = _pressure_everywhere(m)
+    ref = _train(contextlib.nullcontext, steps=1)
+    _equal(ref, _train(lambda: sw, steps=1))
+    s1 = sw.stats()
+    assert s1["swap.tail_kept"] == 0 and s1["swap.kept_count"] == 0  # nothing learned yet
+    sw.reset_stats()
+    model_steps = _train(lambda: sw, steps=2)   # the swapper knows a forward now
+    s2 = sw.stats()
+    assert s2["swap.tail_kept"] >= 1 and s2["swap.out_count"] > s2["swap.tail_kept"]
+    _equal(_train(contextlib.nullcontext, steps=2), model_steps)
+
+
+def test_full_swap_space_keeps_tensors_under_the_limit(m):
+    sw = _pressure_everywhere(m, host_limit=32 * 1024)
+    _equal(_train(contextlib.nullcontext), _train(lambda: sw))
+    s = sw.stats()
+    assert s["swap.host_full_kept"] > 0 and s["host.reserved_bytes"] <= 32 * 1024
+    # with no room on the device either, the host error stands
+    sw = cpu_swapper(m, policy="auto", device_limit=1, margin=2, adaptive_margin=False,
+                     host_limit=32 * 1024)
+    with pytest.raises(m.LMSHostMemoryError, match="host swap space exhausted"):
+        _train(lambda: sw)
+    gc.collect()
+    assert sw.stats()["host.in_use_bytes"] == 0
 
 
 def test_retain_graph(m):

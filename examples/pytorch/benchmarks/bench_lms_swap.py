@@ -183,7 +183,8 @@ def child(args):
                 st = lms.stats()
                 for k in ("swap.out_bytes", "swap.in_bytes", "swap.fetched_on_demand",
                           "swap.prefetched", "swap.planned_count", "swap.reactive_count",
-                          "swap.throttle_wait_ms", "host.reserved_bytes", "host.pin_ms",
+                          "swap.throttle_wait_ms", "swap.tail_kept", "swap.predicted_kept",
+                          "swap.host_full_kept", "host.reserved_bytes", "host.pin_ms",
                           "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
                           "policy.dev0.prefetch_reserve_bytes",
                           "policy.dev0.forward_end_bytes"):

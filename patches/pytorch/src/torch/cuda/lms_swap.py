@@ -12,7 +12,9 @@ Compared with :class:`torch.autograd.graph.save_on_cpu` it
   allocation is near a limit (cheap, sparse checks of ``torch.cuda.memory_allocated``),
   and tensors smaller than ``size_threshold`` are never touched;
 * learns from a step that needed swapping to swap the earliest activations of the next
-  one (longest time until backward needs them again);
+  one (longest time until backward needs them again), and leaves the last ones forward
+  saves on the device while the allocation is under the limit (backward needs them
+  first: swapping them costs a round trip and does not lower backward's peak);
 * copies device -> host on a side stream (the forward pass goes on) and frees the device
   memory as soon as the copy has finished (``Tensor.record_stream``), with the CPU
   throttled so that not more than ``max_inflight_bytes`` wait for a copy;
@@ -24,7 +26,9 @@ Compared with :class:`torch.autograd.graph.save_on_cpu` it
   the next convolution saves as its input) only once;
 * uses an exact-size pool of pinned host buffers (no power-of-two rounding) under a host
   memory limit, and raises :class:`LMSHostMemoryError` (a ``torch.OutOfMemoryError``)
-  before the machine runs out of memory.
+  before the machine runs out of memory; when swap space is full, a tensor stays on
+  the device as long as the device allocation is under its limit, and the error is
+  raised only when neither has room.
 
 Use, on a PyTorch built with the LMS patch::
 
@@ -110,6 +114,7 @@ other saved-tensor hooks (``torch.utils.checkpoint``) are left to those hooks.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import importlib
@@ -632,6 +637,47 @@ def should_swap(nbytes: int, allocated: int, device_limit: int, margin: int) -> 
     return allocated + nbytes > swap_trigger(device_limit, margin)
 
 
+def in_tail(saved_before: int, nbytes: int, prev_saved: Optional[int], largest: int) -> bool:
+    """Whether a tensor is one of the last that forward saves, by the previous step:
+    less than ``largest`` bytes were saved after its position (``saved_before`` bytes
+    saved before it in this forward, ``prev_saved`` in the whole previous forward; None
+    while no forward has ended).  Backward needs these tensors first, so swapping them
+    under pressure frees their device memory only from the end of forward until
+    backward fetches them again at once, and cannot lower backward's peak.  (GPT-2 on
+    the H100 at stock's largest batch: one 3.5 GB loss chunk went out at the end of
+    every forward and came back on demand at the start of backward, and the step ran at
+    70-76% of stock.)"""
+    if prev_saved is None:
+        return False
+    return int(prev_saved) - (int(saved_before) + int(nbytes)) < int(largest)
+
+
+def growth_to_end(offsets: List[int], unswapped: List[int], forward_end: int,
+                  swapped: int) -> List[int]:
+    """What a step taught about the rest of its forward: for each point where the
+    allocation was read (``offsets[i]`` bytes saved so far, ``unswapped[i]`` = device
+    allocation plus the bytes swapped so far), how much more the allocation would grow
+    until forward's end without further swapping (``forward_end`` + ``swapped`` at the
+    end, less ``unswapped[i]``; negative where transients end: a language model's loss
+    frees its logits)."""
+    end = int(forward_end) + int(swapped)
+    return [end - int(u) for u in unswapped]
+
+
+def predict_forward_end(allocated: int, offset: int, prev_offsets: List[int],
+                        prev_growth: List[int], prev_saved: Optional[int]) -> Optional[int]:
+    """The device allocation at forward's end if nothing more were swapped, by the
+    previous step (:func:`growth_to_end`) at the last point it read at or before
+    ``offset`` bytes saved; None when it has no such point or this forward has saved
+    more than the previous one did (``prev_saved``)."""
+    if prev_saved is None or offset > prev_saved or not prev_offsets:
+        return None
+    i = bisect.bisect_right(prev_offsets, offset) - 1
+    if i < 0:
+        return None
+    return int(allocated) + int(prev_growth[i])
+
+
 def next_plan(swapped: int, forward_end: int, trigger: int, slack: int) -> int:
     """Bytes to swap from the *start* of the next forward.
 
@@ -725,7 +771,8 @@ class _DevState:
         "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
         "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
         "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
-        "reserve_k", "reactive_max", "tail",
+        "reserve_k", "saved", "prev_saved", "swapped", "rec_off", "rec_unswapped",
+        "prev_off", "prev_growth",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -745,8 +792,13 @@ class _DevState:
         self.limit: Optional[int] = None
         self.k: Optional[float] = None  # learned margin / largest saved tensor
         self.reserve_k = 0.0  # prefetch headroom / largest saved tensor (raised on overrun)
-        self.reactive_max = 0  # largest tensor swapped under pressure in this forward
-        self.tail = 0          # largest ever: the plan keeps forward's end that much lower
+        self.saved = 0       # bytes of eligible tensors saved so far in this forward
+        self.prev_saved: Optional[int] = None  # ... in the whole previous forward
+        self.swapped = 0     # bytes swapped so far in this forward
+        self.rec_off: List[int] = []        # where this forward read the allocation
+        self.rec_unswapped: List[int] = []  # ... and allocation + bytes swapped there
+        self.prev_off: List[int] = []       # the previous forward's reading points
+        self.prev_growth: List[int] = []    # ... and its growth_to_end there
         self.cursor = 0      # lowest pack position consumed in this backward
         self.plan = 0        # bytes to swap from the start of forward (learned)
         self.planned = 0     # bytes swapped by the plan in this forward
@@ -855,7 +907,8 @@ class ActivationSwapper:
             for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
                         "kept_bytes", "small_count", "dedupe_hits", "prefetched",
                         "prefetch_hits", "fetched_on_demand", "memory_queries",
-                        "planned_count", "reactive_count", "throttle_waits"):
+                        "planned_count", "reactive_count", "throttle_waits",
+                        "tail_kept", "predicted_kept", "host_full_kept"):
                 out.setdefault("swap." + key, 0)
             for dev, st in self._dev.items():
                 tag = f"dev{dev}" if dev is not None else "cpu"
@@ -991,7 +1044,9 @@ class ActivationSwapper:
             st.swapped_in_fwd = 0
             st.planned = 0
             st.reactive = 0
-            st.reactive_max = 0
+            st.saved = 0
+            st.swapped = 0
+            st.rec_off, st.rec_unswapped = [], []
 
     def _begin_backward(self) -> None:
         self._phase = "bwd"
@@ -1001,25 +1056,21 @@ class ActivationSwapper:
         self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
         for st in self._dev.values():
             st.cursor = len(st.order)
+            st.prev_saved = st.saved
             if st.index is not None and self.config.policy == "auto":
                 st.fwd_end = self._allocated(st)
+                st.prev_off = st.rec_off
+                st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped,
+                                               st.fwd_end, st.swapped)
+                st.rec_off, st.rec_unswapped = [], []
                 st.peak_before = torch.cuda.max_memory_allocated(st.index)
                 if self.config.plan:
                     trig = swap_trigger(self._device_limit(st), self._margin(st))
                     if st.planned + st.reactive == 0 and st.fwd_end <= trig:
                         st.plan = 0
                     else:
-                        # the slack includes the largest tensor swapped under pressure so
-                        # far: the pressure rule looks one tensor ahead, and a plan that
-                        # ends forward just under the trigger leaves the last (and for a
-                        # language model's loss, largest) tensors to it; those are the
-                        # ones backward needs first (GPT-2 on the H100: 11 GiB/step)
-                        # (not from the first step, which swaps from a guessed margin)
-                        if st.k is not None:
-                            st.tail = max(st.tail, st.reactive_max)
                         st.plan = next_plan(st.planned + st.reactive, st.fwd_end, trig,
-                                            max(256 * MiB, self._device_limit(st) // 128)
-                                            + st.tail)
+                                            max(256 * MiB, self._device_limit(st) // 128))
             self._drain(st, wait=False)
 
     # -- pack ------------------------------------------------------------------------
@@ -1054,8 +1105,23 @@ class ActivationSwapper:
             st = self._state(t)
             if nbytes > st.largest:
                 st.largest = nbytes
-            swap, wait = self._decide(st, t, nbytes)
-            h = self._swap_out(st, t, nbytes, wait) if swap else None
+            why, wait = self._decide(st, t, nbytes)
+            h = None
+            if why is not None:
+                try:
+                    h = self._swap_out(st, t, nbytes, wait)
+                except LMSHostMemoryError:
+                    if not self._may_keep(st, why, nbytes):
+                        raise
+                    # swap space is full but the device has room under its limit: the
+                    # tensor stays (the margin is a forecast, the limit is not)
+                    self.c["host_full_kept"] += 1
+                if h is not None and why == "plan":
+                    st.planned += nbytes
+                    self.c["planned_count"] += 1
+                elif h is not None and why == "pressure":
+                    st.reactive += nbytes
+                    self.c["reactive_count"] += 1
             if h is None:
                 self.c["kept_count"] += 1
                 self.c["kept_bytes"] += nbytes
@@ -1068,41 +1134,44 @@ class ActivationSwapper:
             return t if h is None else h
 
     def _decide(self, st: _DevState, t: torch.Tensor, nbytes: int) -> tuple:
-        """(swap it?, wait for earlier copies if too many are in flight?)"""
+        """(why it is swapped: None (kept), "always", "plan" or "pressure"; wait for
+        earlier copies if too many are in flight?)"""
         cfg = self.config
+        saved_before = st.saved
+        st.saved += nbytes
         if not _dense_span(t):
             self.c["not_dense_kept"] += 1
-            return False, False
+            return None, False
         try:
             storage_bytes = t.untyped_storage().nbytes()
         except Exception:
-            return False, False
+            return None, False
         if storage_bytes and nbytes < cfg.min_storage_fraction * storage_bytes:
             # a small view of a big storage: swapping it would not free the storage
             self.c["partial_view_kept"] += 1
-            return False, False
+            return None, False
         if cfg.policy == "always":
-            return True, True
-        pressure = self._pressure(st, nbytes)
+            return "always", True
+        tail = in_tail(saved_before, nbytes, st.prev_saved, st.largest)
+        pressure = self._pressure(st, nbytes, tail)
         if st.planned < st.plan:
-            st.planned += nbytes
-            self.c["planned_count"] += 1
-            return True, pressure
+            return "plan", pressure
         if pressure:
-            st.reactive += nbytes
-            st.reactive_max = max(st.reactive_max, nbytes)
-            self.c["reactive_count"] += 1
-            return True, True
-        return False, False
+            return "pressure", True
+        return None, False
 
-    def _pressure(self, st: _DevState, nbytes: int) -> bool:
+    def _pressure(self, st: _DevState, nbytes: int, tail: bool = False) -> bool:
         """Whether the device allocation (which includes the tensor being saved) is over
-        the trigger by :func:`should_swap`.  Queries the allocator only every
+        the trigger by :func:`should_swap`; for a tensor of the tail (:func:`in_tail`),
+        only whether it is over the limit itself; while the tensor and one more like it
+        fit under the limit, also whether the previous step predicts forward's end over
+        the trigger (:func:`predict_forward_end`).  Queries the allocator only every
         ``query_every`` tensors while the estimate stays far below the trigger.  (A
         version that only waited for running copies instead of swapping, when those
         copies alone explained the pressure, ran out of device memory at 1.5x on the
         H100: the allocator no longer counts tensors whose copy is still running.)"""
-        trigger = swap_trigger(self._device_limit(st), self._margin(st))
+        limit, margin = self._device_limit(st), self._margin(st)
+        trigger = swap_trigger(limit, margin)
         st.since_query += 1
         slack = max(2 * st.largest, 1 * GiB)
         if st.est + nbytes <= trigger - slack and st.since_query < self.config.query_every:
@@ -1111,7 +1180,32 @@ class ActivationSwapper:
         alloc = self._allocated(st)
         st.est = alloc
         st.since_query = 0
-        return should_swap(nbytes, alloc, self._device_limit(st), self._margin(st))
+        st.rec_off.append(st.saved)
+        st.rec_unswapped.append(alloc + st.swapped)
+        if not should_swap(nbytes, alloc, limit, margin):
+            return False
+        if tail and alloc <= limit:
+            self.c["tail_kept"] += 1
+            return False
+        if alloc + nbytes <= limit:
+            # the previous step knows how this forward goes on: swap only when its end,
+            # not this moment's transients and one tensor looked ahead, would be over
+            # the trigger (GPT-2 on the H100 swapped a loss chunk per step for the
+            # logits that were alive while it was saved)
+            end = predict_forward_end(alloc, st.saved, st.prev_off, st.prev_growth,
+                                      st.prev_saved)
+            if end is not None and end <= trigger:
+                self.c["predicted_kept"] += 1
+                return False
+        return True
+
+    def _may_keep(self, st: _DevState, why: str, nbytes: int) -> bool:
+        """Whether a tensor that found no swap space may stay on the device: not under
+        ``policy="always"``, and only while the device allocation, with as much again
+        for the next output, stays under the limit."""
+        if why == "always":
+            return False
+        return self._allocated(st) + nbytes <= self._device_limit(st)
 
     def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
                   wait: bool = True) -> Optional[_Swapped]:
@@ -1160,6 +1254,7 @@ class ActivationSwapper:
         st.swapped_in_fwd += 1
         self.c["out_count"] += 1
         self.c["out_bytes"] += nbytes
+        st.swapped += nbytes
         return h
 
     def _drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
