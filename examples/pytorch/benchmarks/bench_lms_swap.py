@@ -147,7 +147,10 @@ def child(args):
             kw["prefetch_depth"] = args.prefetch_depth
         for opt in args.lms_option:
             key, _, val = opt.partition("=")
-            kw[key] = float(val) if "." in val else int(val)
+            try:
+                kw[key] = float(val) if "." in val else int(val)
+            except ValueError:
+                kw[key] = val  # e.g. policy=never
         if kw:
             lms.configure(**kw)
     result = {"model": args.model, "mode": args.mode, "batch": args.batch, "status": "ok"}

@@ -1,0 +1,155 @@
+"""Where does a training step lose time? One profiled step of a benchmark model.
+
+Builds a model of bench_lms_swap.py (same code, same data), runs warm-up steps (LMS
+learns its plan there), times a few steps by phase on the CPU side (forward queued,
+backward queued, optimizer, wait for the GPU), then profiles one step with
+torch.profiler and prints:
+
+* the CUDA runtime calls that block the CPU (cudaStreamSynchronize: the caching
+  allocator freeing its cache and retrying an allocation; cudaEventSynchronize: waits
+  on copies) with the autograd op they ran in,
+* the idle gaps over 0.3 ms on the compute stream (time the GPU waited for the CPU),
+* the copies on the side streams (LMS swapping out and in).
+
+    python3 examples/pytorch/benchmarks/profile_step.py --model gpt2 --batch 34 --mode lms --out /tmp/p
+
+Run it on the GPU machine; the gzipped Chrome trace lands in --out.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+import types
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+
+def analyse(trace_path: str) -> None:
+    with gzip.open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    t0 = min(e["ts"] for e in events)
+    for s in (e for e in events if "Synchronize" in e["name"]):
+        inside = [e for e in events if e.get("tid") == s.get("tid") and e is not s
+                  and e["ts"] <= s["ts"] and e["ts"] + e["dur"] >= s["ts"] + s["dur"]]
+        inside.sort(key=lambda e: -e["dur"])
+        where = inside[-1]["name"][:60] if inside else "-"
+        print(f"BLOCKING {s['name']} at {(s['ts'] - t0) / 1e3:.1f} ms for "
+              f"{s['dur'] / 1e3:.1f} ms in {where}")
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    streams: dict = {}
+    for e in gpu:
+        streams.setdefault(e["args"].get("stream"), []).append(e)
+    compute = max(streams.values(), key=len)
+    compute.sort(key=lambda e: e["ts"])
+    gaps = [(a["ts"] + a["dur"], b["ts"] - a["ts"] - a["dur"])
+            for a, b in zip(compute, compute[1:]) if b["ts"] - a["ts"] - a["dur"] > 300]
+    busy = sum(e["dur"] for e in compute)
+    span = compute[-1]["ts"] + compute[-1]["dur"] - compute[0]["ts"]
+    print(f"COMPUTE stream busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms; "
+          f"{len(gaps)} gaps over 0.3 ms, {sum(g for _, g in gaps) / 1e3:.1f} ms in all")
+    for at, g in gaps:
+        print(f"  gap at {(at - t0) / 1e3:.1f} ms: {g / 1e3:.2f} ms")
+    for sid, es in streams.items():
+        if es is compute:
+            continue
+        copies = [e for e in es if e.get("cat") == "gpu_memcpy"]
+        if copies:
+            first = min(e["ts"] for e in copies) - t0
+            last = max(e["ts"] + e["dur"] for e in copies) - t0
+            print(f"SIDE stream {sid}: {len(copies)} copies, "
+                  f"{sum(e['dur'] for e in copies) / 1e3:.1f} ms busy, "
+                  f"from {first / 1e3:.1f} to {last / 1e3:.1f} ms")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2", choices=("gpt2", "resnet50"))
+    ap.add_argument("--batch", type=int, default=34)
+    ap.add_argument("--mode", default="lms", choices=("stock", "lms"))
+    ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--image-size", type=int, default=448)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--loss-chunk", type=int, default=512)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import bench_lms_swap as bench
+    from lms_swap_loader import load_lms_swap
+
+    lms = None
+    if a.mode == "lms":
+        lms = load_lms_swap(prefer_patched=False)
+        kw = {}
+        for opt in a.lms_option:
+            key, _, val = opt.partition("=")
+            try:
+                kw[key] = float(val) if "." in val else int(val)
+            except ValueError:
+                kw[key] = val
+        if kw:
+            lms.configure(**kw)
+    shapes = types.SimpleNamespace(image_size=a.image_size, seq_len=a.seq_len,
+                                   loss_chunk=a.loss_chunk)
+    _model, loss_fn, _units, _unit = bench.build(a.model, a.batch, shapes)
+    params = [p for p in _model.parameters()]
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+
+    def ctx():
+        return lms.swapping() if lms else contextlib.nullcontext()
+
+    def step(phases=None):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            with ctx():
+                loss = loss_fn()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        if phases is not None:
+            print(f"PHASES cpu forward {t1 - t0:.4f} s, backward {t2 - t1:.4f} s, "
+                  f"optimizer {t3 - t2:.4f} s, wait for GPU {t4 - t3:.4f} s, "
+                  f"step {t4 - t0:.4f} s", flush=True)
+
+    for i in range(a.warmup):
+        t0 = time.perf_counter()
+        step()
+        print(f"WARMUP {i} {time.perf_counter() - t0:.4f} s", flush=True)
+    for _ in range(3):
+        step(phases=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+    os.makedirs(a.out, exist_ok=True)
+    raw = os.path.join(a.out, f"trace_{a.model}_{a.mode}.json")
+    prof.export_chrome_trace(raw)
+    with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    os.remove(raw)
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15))
+    analyse(raw + ".gz")
+    if lms:
+        print("LMS", json.dumps({k: v for k, v in lms.stats().items() if k.startswith("swap.")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
