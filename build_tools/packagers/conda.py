@@ -30,7 +30,9 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -249,13 +251,50 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
     return CondaPackage(out_sub / fname, name, public, build, subdir, index, secs)
 
 
+def _foreign_threads_in_python() -> list[int]:
+    """Ids of threads that Python did not start (no threading.Thread) and that are executing Python code."""
+    dummy = getattr(threading, "_DummyThread", ())
+    ours = {t.ident for t in threading.enumerate() if not isinstance(t, dummy)}
+    return [tid for tid in sys._current_frames() if tid not in ours]
+
+
+def _wait_foreign_threads_out_of_python(timeout: float = 10.0) -> bool:
+    """Sleep (the GIL released) until no foreign thread executes Python code; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while _foreign_threads_in_python():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _run_rattler(coro):
+    """asyncio.run() for a py-rattler coroutine; returns only when rattler's thread is out of Python.
+
+    Why: py-rattler (pyo3-async-runtimes) completes the asyncio future from a tokio thread with
+    loop.call_soon_threadsafe(), whose self-pipe write (_write_to_self) releases the GIL. The main
+    thread can then take the result, return and begin interpreter shutdown while that tokio thread
+    still waits to take the GIL back. CPython before 3.14 ends such a thread with pthread_exit(), whose
+    forced unwind runs Rust destructors that drop Python references without the GIL, concurrently with
+    the final garbage collection: an intermittent SIGSEGV/SIGBUS at exit after all work succeeded (a
+    `make build` failed so after its conda step printed "done"; core dump: method_dealloc called from
+    pyo3_async_runtimes::call_soon_threadsafe on an exiting tokio thread while the main thread was in
+    Py_FinalizeEx's gc). Waiting here until the thread has left Python closes that window. The thread
+    keeps the GIL from the end of its last Python frame until it lets go of Python, so once no foreign
+    thread has a frame it is done with Python."""
+    try:
+        return asyncio.run(coro)
+    finally:
+        _wait_foreign_threads_out_of_python()
+
+
 def index_channel(channel: Path, subdir: str = "linux-64") -> Path:
     """repodata.json for `channel` with py-rattler's indexer; noarch/ is created (conda requires it)."""
     from rattler.index import index_fs
     channel = Path(channel)
     (channel / "noarch").mkdir(parents=True, exist_ok=True)
     (channel / subdir).mkdir(parents=True, exist_ok=True)
-    asyncio.run(index_fs(channel, force=True, write_zst=False, write_shards=False))
+    _run_rattler(index_fs(channel, force=True, write_zst=False, write_shards=False))
     repodata = channel / subdir / "repodata.json"
     if not repodata.is_file():
         raise CondaPackError(f"indexing {channel} wrote no {repodata}")
@@ -274,7 +313,7 @@ def query_records(channel: Path, spec: str, subdir: str = "linux-64", cache_dir:
         gw = rattler.Gateway(cache_dir=cache_dir) if cache_dir else rattler.Gateway()
         res = await gw.query([rattler.Channel(_channel_url(channel))], [subdir, "noarch"], [spec], recursive=False)
         return [r for group in res for r in group]
-    return asyncio.run(go())
+    return _run_rattler(go())
 
 
 def solve_report(channel: Path, spec: str, subdir: str = "linux-64", virtual_packages=None) -> dict:
@@ -288,7 +327,7 @@ def solve_report(channel: Path, spec: str, subdir: str = "linux-64", virtual_pac
         return await rattler.solve(sources=[rattler.Channel(_channel_url(channel))], specs=[spec],
                                    platforms=[subdir, "noarch"], virtual_packages=virtual_packages)
     try:
-        recs = asyncio.run(go())
+        recs = _run_rattler(go())
         return {"ok": True, "records": [f"{r.name.normalized} {r.version} {r.build}" for r in recs]}
     except Exception as e:  # rattler raises SolverError with the unsatisfiable chain
         return {"ok": False, "error": str(e)}
@@ -310,10 +349,10 @@ def install(channel: Path, prefix: Path, spec: str, *, subdir: str = "linux-64",
         async def solve():
             return await rattler.solve(sources=[rattler.Channel(_channel_url(channel))], specs=[spec],
                                        platforms=[subdir, "noarch"])
-        recs = asyncio.run(solve())
+        recs = _run_rattler(solve())
 
     async def go():
         kw = {"cache_dir": cache_dir} if cache_dir else {}
         await rattler.install(recs, target_prefix=prefix, show_progress=False, **kw)
-    asyncio.run(go())
+    _run_rattler(go())
     return [f"{r.name.normalized} {r.version} {r.build}" for r in recs]
