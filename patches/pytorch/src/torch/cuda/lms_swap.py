@@ -771,7 +771,7 @@ class _DevState:
         "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
         "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
         "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
-        "reserve_k", "saved", "prev_saved", "swapped", "rec_off", "rec_unswapped",
+        "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
         "prev_off", "prev_growth",
     )
 
@@ -794,7 +794,6 @@ class _DevState:
         self.reserve_k = 0.0  # prefetch headroom / largest saved tensor (raised on overrun)
         self.saved = 0       # bytes of eligible tensors saved so far in this forward
         self.prev_saved: Optional[int] = None  # ... in the whole previous forward
-        self.swapped = 0     # bytes swapped so far in this forward
         self.rec_off: List[int] = []        # where this forward read the allocation
         self.rec_unswapped: List[int] = []  # ... and allocation + bytes swapped there
         self.prev_off: List[int] = []       # the previous forward's reading points
@@ -1045,7 +1044,6 @@ class ActivationSwapper:
             st.planned = 0
             st.reactive = 0
             st.saved = 0
-            st.swapped = 0
             st.rec_off, st.rec_unswapped = [], []
 
     def _begin_backward(self) -> None:
@@ -1061,7 +1059,7 @@ class ActivationSwapper:
                 st.fwd_end = self._allocated(st)
                 st.prev_off = st.rec_off
                 st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped,
-                                               st.fwd_end, st.swapped)
+                                               st.fwd_end, st.planned + st.reactive)
                 st.rec_off, st.rec_unswapped = [], []
                 st.peak_before = torch.cuda.max_memory_allocated(st.index)
                 if self.config.plan:
@@ -1181,7 +1179,7 @@ class ActivationSwapper:
         st.est = alloc
         st.since_query = 0
         st.rec_off.append(st.saved)
-        st.rec_unswapped.append(alloc + st.swapped)
+        st.rec_unswapped.append(alloc + st.planned + st.reactive)
         if not should_swap(nbytes, alloc, limit, margin):
             return False
         if tail and alloc <= limit:
@@ -1254,7 +1252,6 @@ class ActivationSwapper:
         st.swapped_in_fwd += 1
         self.c["out_count"] += 1
         self.c["out_bytes"] += nbytes
-        st.swapped += nbytes
         return h
 
     def _drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
