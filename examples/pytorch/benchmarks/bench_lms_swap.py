@@ -135,6 +135,19 @@ def peak_rss():
 
 
 # ----------------------------------------------------------------------------- child
+def parse_lms_options(options):
+    """``KEY=VALUE`` strings (``--lms-option``) as lms_swap tunables: numbers where they
+    parse as numbers, else strings (e.g. ``policy=never``)."""
+    kw = {}
+    for opt in options:
+        key, _, val = opt.partition("=")
+        try:
+            kw[key] = float(val) if "." in val else int(val)
+        except ValueError:
+            kw[key] = val
+    return kw
+
+
 def child(args):
     import torch
 
@@ -145,12 +158,7 @@ def child(args):
         kw = {}
         if args.prefetch_depth is not None:
             kw["prefetch_depth"] = args.prefetch_depth
-        for opt in args.lms_option:
-            key, _, val = opt.partition("=")
-            try:
-                kw[key] = float(val) if "." in val else int(val)
-            except ValueError:
-                kw[key] = val  # e.g. policy=never
+        kw.update(parse_lms_options(args.lms_option))
         if kw:
             lms.configure(**kw)
     result = {"model": args.model, "mode": args.mode, "batch": args.batch, "status": "ok"}

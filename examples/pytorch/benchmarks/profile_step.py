@@ -94,13 +94,7 @@ def main() -> int:
     lms = None
     if a.mode == "lms":
         lms = load_lms_swap(prefer_patched=False)
-        kw = {}
-        for opt in a.lms_option:
-            key, _, val = opt.partition("=")
-            try:
-                kw[key] = float(val) if "." in val else int(val)
-            except ValueError:
-                kw[key] = val
+        kw = bench.parse_lms_options(a.lms_option)
         if kw:
             lms.configure(**kw)
     shapes = types.SimpleNamespace(image_size=a.image_size, seq_len=a.seq_len,
