@@ -79,10 +79,12 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     forward, and backward, which needs those tensors last, has all its time to bring
     them back.  The pressure rule stays on as a safety net.
 ``prefetch_depth``
-    at most this many swapped tensors are fetched ahead of backward (default 16); the
+    at most this many swapped tensors are fetched ahead of backward (default 48); the
     real depth adapts to memory: prefetching stops where the device allocation would go
     over forward's end or over the limit less the prefetch headroom (see
-    ``prefetch_reserve_factor``).
+    ``prefetch_reserve_factor``).  (On the H100, GPT-2 at 1.5x its largest stock batch
+    swaps ~15 tensors per layer: with 16 the copies in ran one layer ahead, the compute
+    stream waited for them 70% of backward, and the step took 2.44 s; with 48, 2.24 s.)
 ``max_inflight_bytes``
     device bytes that may wait for a device->host copy before forward waits
     (default 1 GiB or the largest tensor seen, whichever is more); under memory
@@ -546,7 +548,7 @@ class SwapConfig:
         "min_margin_factor": 1.0,
         "first_margin_fraction": 0.35,
         "prefetch_reserve_factor": 3.0,
-        "prefetch_depth": 16,
+        "prefetch_depth": 48,
         "max_inflight_bytes": 1 * GiB,
         "query_every": 8,
         "plan": True,
