@@ -212,26 +212,35 @@ def child(args):
         s0 = lms.stats() if lms else None
         torch.cuda.synchronize()
         step_times = []
-        for i in range(args.steps):
+        retries = []  # the caching allocator's retries per timed step (each one stalls)
+        r0 = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        t_timed = time.perf_counter()
+        while (len(step_times) < args.steps
+               or time.perf_counter() - t_timed < args.min_seconds):
             t0 = time.perf_counter()
             loss = step()
             torch.cuda.synchronize()
             step_times.append(time.perf_counter() - t0)
-        for t in step_times:  # per-step records after timing (stats calls cost time)
-            per_step.append({"kind": "timed", "s": round(t, 4)})
+            r1 = torch.cuda.memory_stats().get("num_alloc_retries", 0)  # outside the timing
+            retries.append(r1 - r0)
+            r0 = r1
+        for t, r in zip(step_times, retries):  # per-step records after timing
+            per_step.append({"kind": "timed", "s": round(t, 4), "alloc_retries": r})
         s1 = lms.stats() if lms else None
         result["per_step"] = per_step
         total = sum(step_times)
+        n = len(step_times)
         result.update(
-            units_per_s=units * args.steps / total,
+            units_per_s=units * n / total,
             unit=unit_name,
-            step_s=total / args.steps,
+            step_s=total / n,
+            timed_steps=n,
+            timed_alloc_retries=sum(retries),
             step_times=[round(t, 4) for t in step_times],
             warmup_s=round(times[-1][1], 2) if times else 0,
             loss=float(loss),
         )
         if lms:
-            n = args.steps
             result["out_bytes_per_step"] = (s1["swap.out_bytes"] - s0["swap.out_bytes"]) / n
             result["in_bytes_per_step"] = (s1["swap.in_bytes"] - s0["swap.in_bytes"]) / n
             result["lms_stats"] = {k: v for k, v in s1.items() if v is not None}
@@ -380,7 +389,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--alloc-conf", default="expandable_segments:True",
                     help="PYTORCH_CUDA_ALLOC_CONF for all modes alike ('' = PyTorch's default)")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=4, help="timed steps, at least")
+    ap.add_argument("--min-seconds", type=float, default=0.0,
+                    help="time steps until this many seconds have passed as well (the "
+                         "caching allocator's layout may take ~15 steps to settle)")
     ap.add_argument("--prefetch-depth", type=int, default=None)
     ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an lms_swap tunable for the lms mode (repeatable), e.g. "
@@ -426,6 +438,7 @@ def main():
                 else:
                     argv = ["--model", model, "--mode", mode, "--batch", str(batch),
                             "--warmup", str(args.warmup), "--steps", str(args.steps),
+                            "--min-seconds", str(args.min_seconds),
                             "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
                             "--loss-chunk", str(args.loss_chunk)]
                     if args.prefetch_depth is not None:
@@ -478,11 +491,12 @@ def write_markdown(path, cmd, results, args):
         f"{args.image_size}x{args.image_size}; gpt2 = 12 layers, d=768, 12 heads, seq {args.seq_len}, "
         f"SDPA attention, fp32 loss in chunks of {args.loss_chunk or args.seq_len} tokens. "
         f"PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf or '(default)'} for every mode. "
-        f"{args.warmup} warm-up steps, then {args.steps} timed steps (synchronized). "
+        f"{args.warmup} warm-up steps, then {args.steps} timed steps (synchronized)"
+        + (f" or more, until {args.min_seconds:g} s have passed. " if args.min_seconds else ". ") +
         "Bound = max(compute, S_out/54 GB/s + S_in/53 GB/s) with compute = stock step time "
         "at 1.0x scaled to the batch; S = bytes lms moved per step.", "",
-        "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | timed steps (allocator retries) | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     stock = {}
     for r in results:
@@ -498,6 +512,7 @@ def write_markdown(path, cmd, results, args):
         lines.append("| " + " | ".join([
             r["model"], f"{r['scale']}x", str(r["batch"]), r["mode"], status, thr, rel,
             f"{r['step_s']:.3f}" if ok else "-",
+            f"{r['timed_steps']} ({r['timed_alloc_retries']})" if "timed_steps" in r else "-",
             f"{fmt_gib(r.get('peak_alloc'))} / {fmt_gib(r.get('peak_reserved'))}" if "peak_alloc" in r else "-",
             fmt_gib(r.get("peak_host_rss")),
             f"{fmt_gib(r['out_bytes_per_step'])} / {fmt_gib(r['in_bytes_per_step'])}" if "out_bytes_per_step" in r else "-",
