@@ -83,7 +83,7 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     real depth adapts to memory: prefetching stops where the device allocation would go
     over forward's end or over the limit less the prefetch headroom (see
     ``prefetch_reserve_factor``).  (On the H100, GPT-2 at 1.5x its largest stock batch
-    swaps ~15 tensors per layer: with 16 the copies in ran one layer ahead, the compute
+    swaps ~10 tensors per layer: with 16 the copies in ran 1.5 layers ahead, the compute
     stream waited for them 70% of backward, and the step took 2.44 s; with 48, 2.24 s.)
 ``max_inflight_bytes``
     device bytes that may wait for a device->host copy before forward waits
