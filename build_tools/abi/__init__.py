@@ -35,12 +35,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Iterable
 
 from ..errors import LmsError
+from ..tools import find_tool
 
 BIT_ERROR = 1
 BIT_USAGE_ERROR = 2
@@ -73,7 +73,7 @@ def is_toolchain_symbol(sym: str) -> bool:
 
 
 def require_abidiff() -> str:
-    exe = shutil.which("abidiff")
+    exe = find_tool("abidiff")
     if not exe:
         raise AbiError("abidiff not found: the ABI check needs libabigail's abidiff",
                        hint="apt-get install -y abigail-tools")

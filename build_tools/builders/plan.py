@@ -12,6 +12,7 @@ from typing import Callable
 
 from ..errors import LmsError
 from ..progress import info, step
+from ..tools import tool_env
 from .toolchain import Check
 
 
@@ -66,7 +67,7 @@ class Plan:
 
 def run_logged(cmd: list[str], cwd: Path | None, env: dict, log: Path) -> None:
     """Run, streaming output to stderr and appending it to `log`; a failure shows the log's tail."""
-    full = dict(os.environ, **env)
+    full = tool_env(dict(os.environ, **env))  # tools setup put in the venv, for the build's own lookups
     with log.open("a") as lf:
         lf.write(f"\n$ {shlex.join(cmd)}\n")
         lf.flush()

@@ -41,7 +41,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
     checks += [
         toolchain.tool_check("gcc", "9.4", why="(PyTorch needs a C++17 compiler)"),
         toolchain.tool_check("cmake", "3.18"),
-        toolchain.tool_check("ninja", "1.10", why="(`pip install ninja`)"),
+        toolchain.tool_check("ninja", "1.10", why="(`make setup` installs it into the virtualenv)"),
     ]
     steps = [
         Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "

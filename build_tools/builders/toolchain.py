@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..tools import find_tool
 
 
 @dataclass
@@ -67,7 +68,7 @@ def cuda_home() -> Path | None:
             return Path(cand)
     if Path("/usr/local/cuda/bin/nvcc").exists():
         return Path("/usr/local/cuda")
-    nvcc = shutil.which("nvcc")
+    nvcc = find_tool("nvcc")
     if nvcc and Path(nvcc).resolve().parent.parent.joinpath("include", "cuda.h").exists():
         return Path(nvcc).resolve().parent.parent
     return None
@@ -106,7 +107,7 @@ def cudnn_check() -> Check:
 
 def tool_check(name: str, minimum: str | None = None, *, why: str = "", cmd: list[str] | None = None,
                exact: str | None = None) -> Check:
-    path = shutil.which(name)
+    path = find_tool(name)
     if not path:
         need = f" {exact}" if exact else (f" >= {minimum}" if minimum else "")
         return Check(name, False, "not found", f"install {name}{need}{(' ' + why) if why else ''}")
@@ -135,10 +136,10 @@ def compiler_launcher(choice: str | None = "auto") -> str | None:
         return None
     if choice == "auto":
         for tool in ("sccache", "ccache"):
-            if shutil.which(tool):
+            if find_tool(tool):
                 return tool
         return None
-    if not shutil.which(choice):
+    if not find_tool(choice):
         raise LmsError(f"compiler launcher {choice!r} not found",
                        hint="apt-get install -y ccache, or LMS_COMPILER_LAUNCHER=none")
     return choice

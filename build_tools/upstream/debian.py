@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import LmsError
 from ..progress import info, step
+from ..tools import find_tool
 
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
@@ -68,10 +69,11 @@ class Apt:
         return opts
 
     def run(self, tool: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        if not shutil.which(tool):
+        exe = find_tool(tool)
+        if not exe:
             raise LmsError(f"{tool} not found: --source debian needs Debian's apt tools",
                            hint="on a non-Debian machine pass --source <tarball path or URL> instead")
-        return subprocess.run([tool, *self._opts(), *args], cwd=cwd, text=True, capture_output=True)
+        return subprocess.run([exe, *self._opts(), *args], cwd=cwd, text=True, capture_output=True)
 
     def update(self) -> None:
         step(f"apt-get update (deb-src {' '.join(self.suites)})")
