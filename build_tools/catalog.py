@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 

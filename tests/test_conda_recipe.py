@@ -12,7 +12,10 @@ source build takes hours on a GPU build machine).
 from __future__ import annotations
 
 import re
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 from pathlib import Path
 
 import jinja2
