@@ -1,7 +1,8 @@
 """CI (CPU) checks of PyTorch LMS in c10/cuda (issue 5).
 
 * the patched c10 + c10/cuda of the real v2.6.0 tree (lms_tree fixture) compile with
-  build_tools.c10_build (CUDA headers: the machine's toolkit; nvml.h: toolkit or nvidia-nvml-dev-cu12);
+  build_tools.c10_build (CUDA headers: NVIDIA's PyPI wheels that `make setup` installs, see
+  build_tools.cuda_headers);
 * libc10_cuda.so's ABI only grows: abidiff against a pristine build and the exported symbol sets;
 * settings strings, the host budget and the Python API (torch/cuda/lms.py) work through the real
   built libraries without a GPU (libcuda is only dlopen'ed when memory is mapped);
@@ -14,56 +15,45 @@ import ast
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
-import zipfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CUDA = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-NVML_WHEEL = "nvidia-nvml-dev-cu12==12.4.127"
 
 
-def _nvml_include() -> Path | None:
-    if (CUDA / "include" / "nvml.h").is_file():
-        return None
-    cache = REPO / ".cache" / "lms-c10" / "nvml"
-    inc = cache / "nvidia" / "nvml_dev" / "include"
-    if not (inc / "nvml.h").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), NVML_WHEEL],
-                           capture_output=True, text=True)
-        wheels = list(cache.glob("nvidia_nvml_dev_cu12-*.whl"))
-        if r.returncode != 0 or not wheels:
-            pytest.skip(f"nvml.h not in {CUDA}/include and {NVML_WHEEL} not downloadable: {r.stderr[-300:]}")
-        zipfile.ZipFile(wheels[0]).extractall(cache)
-    return inc
+def _need(tool: str) -> str:
+    from build_tools.tools import find_tool
+    exe = find_tool(tool)
+    if not exe:
+        pytest.fail(f"{tool} not found in the venv or on PATH: `make setup` installs it")
+    return exe
 
 
 @pytest.fixture(scope="module")
 def builds(lms_tree, upstream_tree, tmp_path_factory):
-    if not (CUDA / "include" / "cuda.h").is_file():
-        pytest.skip(f"no CUDA headers under {CUDA}")
-    for tool in ("cmake", "ninja"):
-        if not shutil.which(tool):
-            pytest.skip(f"{tool} missing")
+    from build_tools import cuda_headers
     from build_tools.c10_build import build_c10, find_fmt_include
+    cuda = cuda_headers.find()
+    if cuda is None:
+        pytest.fail("no CUDA headers: `make setup` installs NVIDIA's header wheels (pyproject's test extra)")
+    for tool in ("cmake", "ninja"):
+        _need(tool)
     if find_fmt_include() is None:
-        pytest.skip("no fmt headers (apt-get install libfmt-dev)")
+        pytest.fail("no fmt headers: `make setup` installs libfmt-dev (as root)")
     tree = lms_tree("pytorch", "v2.6.0")
     pristine = upstream_tree("pytorch", "v2.6.0")
     out = tmp_path_factory.mktemp("c10b")
-    nvml = _nvml_include()
-    launcher = "ccache" if shutil.which("ccache") else None
-    lms = build_c10(tree, out / "lms", cuda_home=CUDA, nvml_include=nvml, build_type="RelWithDebInfo",
+    from build_tools.tools import find_tool
+    launcher = "ccache" if find_tool("ccache") else None
+    lms = build_c10(tree, out / "lms", cuda_home=cuda.home, build_type="RelWithDebInfo",
                     cxx_compiler_launcher=launcher)
-    up = build_c10(pristine, out / "pristine", cuda_home=CUDA, nvml_include=nvml, targets=("c10_cuda",),
+    up = build_c10(pristine, out / "pristine", cuda_home=cuda.home, targets=("c10_cuda",),
                    c10_library=lms.libraries["c10"], build_type="RelWithDebInfo", cxx_compiler_launcher=launcher)
-    return dict(tree=tree, lms=lms, up=up, out=out)
+    return dict(tree=tree, lms=lms, up=up, out=out, cuda=cuda)
 
 
 STD_WEAK = re.compile(r"^_Z(Z|GV|GVZ|T[VIS])?N?K?St")  # std:: template instantiations (vague linkage)
@@ -87,10 +77,9 @@ def test_c10_cuda_abi_only_grows(builds):
     old, new = builds["up"].libraries["c10_cuda"], builds["lms"].libraries["c10_cuda"]
     removed = _dynsyms(old, drop_std=True) - _dynsyms(new, drop_std=True)
     assert not removed, f"symbols removed from libc10_cuda.so: {sorted(removed)[:20]}"
-    if not shutil.which("abidiff"):
-        pytest.skip("abidiff (abigail-tools) not installed")
+    abidiff = _need("abidiff")
     supp = REPO / "build_tools" / "c10_build" / "abi_suppressions.txt"
-    r = subprocess.run(["abidiff", "--suppressions", str(supp), str(old), str(new)], capture_output=True, text=True)
+    r = subprocess.run([abidiff, "--suppressions", str(supp), str(old), str(new)], capture_output=True, text=True)
     # abidiff exit status bits: 1 error, 2 usage, 4 ABI change, 8 incompatible ABI change
     assert r.returncode & (1 | 2 | 8) == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
@@ -179,7 +168,7 @@ def test_allocator_settings_string_reaches_lms(builds, tmp_path):
     src.write_text(CPP_SETTINGS)
     exe = tmp_path / "s"
     fmt = [f"-I{b.fmt_include}"] if b.fmt_include else []
-    incs = [f"-I{i}" for i in str(b.cuda_include).split(";")]
+    incs = builds["cuda"].flags()
     subprocess.run(["g++", "-std=c++17", "-DFMT_HEADER_ONLY=1", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
                     *incs, *fmt, str(src), f"-L{b.build_dir}", "-lc10_cuda", "-lc10",
                     f"-Wl,-rpath,{b.build_dir}", "-o", str(exe)], check=True)

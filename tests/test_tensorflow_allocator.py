@@ -14,9 +14,9 @@ Also: the config.proto edit compiles with protoc (and the C++ GPU wiring
 compiles against the regenerated header), and the Python edits work on stock
 tensorflow-cpu 2.14.1.
 
-Needs: g++, Debian libgtest-dev + libgmock-dev, protobuf-compiler; network
-once (pip download of the wheel; the Python check also pip-installs it into
-.cache/tf-venv).
+Needs: g++, Debian libgtest-dev + libgmock-dev, protobuf-compiler, the CUDA
+header wheels (all from `make setup`); network once (pip download of the
+wheel; the Python check also pip-installs it into .cache/tf-venv).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from build_tools import tf_allocator_build as tab
+from build_tools.tools import find_tool
 from build_tools.tf_allocator_build import python_overlay
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +56,7 @@ LMS_TESTS = [
 def _require_toolchain():
     missing = [p for p in ("/usr/include/gtest/gtest.h", "/usr/include/gmock/gmock.h",
                            "/usr/lib/x86_64-linux-gnu/libgtest.a") if not Path(p).exists()]
-    if missing or not shutil.which("g++"):
+    if missing or not find_tool("g++"):
         pytest.fail("the allocator build needs g++ and Debian's libgtest-dev + libgmock-dev "
                     f"(missing: {missing or 'g++'})")
 
@@ -101,9 +102,10 @@ def test_proto_edit_compiles_and_gpu_wiring_compiles(tree, tmp_path):
     header = (out / "tensorflow/core/protobuf/config.pb.h").read_text()
     assert "bool lms_enabled() const;" in header
     assert "bool lms_defrag_enabled() const;" in header
-    cuda_h = tab.CUDA_HOME / "include" / "cuda.h"
-    if not cuda_h.exists():
-        pytest.skip(f"{cuda_h} missing: GPU wiring not syntax-checked")
+    from build_tools import cuda_headers
+    cuda = cuda_headers.find()
+    if cuda is None:
+        pytest.fail("no CUDA headers: `make setup` installs NVIDIA's header wheels (pyproject's test extra)")
     _require_toolchain()
     wheel = tab.ensure_wheel(tab.DEFAULT_CACHE) / "tensorflow" / "include"
     for rel in ("tensorflow/core/common_runtime/gpu/gpu_lms_allocator.cc",
@@ -114,7 +116,7 @@ def test_proto_edit_compiles_and_gpu_wiring_compiles(tree, tmp_path):
         # headers the wheel does not ship (stream_executor/cuda).
         cmd = ["g++", "-std=c++17", "-fsyntax-only", "-DGOOGLE_CUDA=1",
                "-D_GLIBCXX_USE_CXX11_ABI=1", f"-I{out}", f"-I{tmp_path / 'ov'}",
-               f"-I{wheel}", f"-I{tab.CUDA_HOME / 'include'}", "-idirafter", str(tree),
+               f"-I{wheel}", *cuda.flags(), "-idirafter", str(tree),
                str(tree / rel)]
         ov = tmp_path / "ov"
         for h in tab.TREE_HEADERS + ["tensorflow/core/common_runtime/gpu/gpu_lms_allocator.h"]:
@@ -123,7 +125,7 @@ def test_proto_edit_compiles_and_gpu_wiring_compiles(tree, tmp_path):
         link = ov / "third_party/gpus/cuda/include"
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(tab.CUDA_HOME / "include")
+            link.symlink_to(cuda.home / "include")
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         errors = [l for l in r.stdout.splitlines() if "error" in l]
         assert r.returncode == 0 and not errors, (rel, errors[:10])
