@@ -9,6 +9,7 @@ site-packages provides the CUDA runtime libraries (pip nvidia-* wheels)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 import zipfile
 
@@ -17,6 +18,9 @@ import pytest
 from tests.overlay_fixtures import PROBE, _record, _scratch, overlay_build, run_py, wheel_venv  # noqa: F401
 
 _memo: dict = {}
+# The package is made for the Python running the tests (the overlay wheel is built for it).
+MAJ, MIN = sys.version_info[:2]
+SITE = f"lib/python{MAJ}.{MIN}/site-packages"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,7 @@ def prefix(conda_pkg):
 
 def test_conda_metadata(conda_pkg):
     pkg, _, _ = conda_pkg
-    assert pkg.path.name == f"pytorch-2.6.0-{pkg.build}.conda" and pkg.build.startswith("lms1_cuda124_py311_")
+    assert pkg.path.name == f"pytorch-2.6.0-{pkg.build}.conda" and pkg.build.startswith(f"lms1_cuda124_py{MAJ}{MIN}_")
     with zipfile.ZipFile(pkg.path) as z:
         names = z.namelist()
         assert "metadata.json" in names and any(n.startswith("info-") for n in names) and any(n.startswith("pkg-") for n in names)
@@ -58,7 +62,7 @@ def test_conda_metadata(conda_pkg):
     index = json.loads((out / "info/index.json").read_text())
     assert index["name"] == "pytorch" and index["version"] == "2.6.0" and index["subdir"] == "linux-64"
     deps = index["depends"]
-    for want in ("python >=3.11,<3.12.0a0", "python_abi 3.11.* *_cp311", "cuda-version >=12.4,<13.0a0",
+    for want in (f"python >={MAJ}.{MIN},<{MAJ}.{MIN + 1}.0a0", f"python_abi {MAJ}.{MIN}.* *_cp{MAJ}{MIN}", "cuda-version >=12.4,<13.0a0",
                  "cuda-cudart >=12.4.127,<13.0a0", "cudnn >=9.1.0.70,<10.0a0", "sympy 1.13.1"):
         assert want in deps, (want, deps)
     assert any(d.startswith("__glibc >=2.") for d in deps)
@@ -68,7 +72,7 @@ def test_conda_metadata(conda_pkg):
     paths = json.loads((out / "info/paths.json").read_text())
     assert paths["paths_version"] == 1
     by_path = {p["_path"]: p for p in paths["paths"]}
-    lib = by_path["lib/python3.11/site-packages/torch/lib/libc10_cuda.so"]
+    lib = by_path[f"{SITE}/torch/lib/libc10_cuda.so"]
     assert len(lib["sha256"]) == 64 and lib["size_in_bytes"] > 100000
     assert by_path["bin/torchrun"]["file_mode"] == "text"
     files = (out / "info/files").read_text().split()
@@ -101,7 +105,7 @@ def test_prefix_contents(prefix, conda_pkg):
     pkg, _, _ = conda_pkg
     meta = json.loads((prefix / "conda-meta" / f"pytorch-2.6.0-{pkg.build}.json").read_text())
     assert meta["name"] == "pytorch" and meta["build"] == pkg.build
-    sp = prefix / "lib/python3.11/site-packages"
+    sp = prefix / SITE
     assert (sp / "torch/lib/libc10_cuda.so").is_file()
     assert (sp / "torch-2.6.0+lms1.dist-info/INSTALLER").read_text().strip() == "conda"
     # the console script's prefix placeholder was replaced with the real prefix
@@ -109,7 +113,7 @@ def test_prefix_contents(prefix, conda_pkg):
 
 
 def test_import_from_prefix(prefix, wheel_venv, overlay_build):
-    sp = prefix / "lib/python3.11/site-packages"
+    sp = prefix / SITE
     probe = run_py(wheel_venv, PROBE, env={"PYTHONPATH": str(sp)})
     assert probe["file"] == str(sp / "torch/__init__.py")
     assert probe["version"] == "2.6.0+lms1"

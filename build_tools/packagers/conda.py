@@ -124,7 +124,7 @@ def _console_scripts(ep_text: str | None) -> dict[str, str]:
     return out
 
 
-def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_version: str = "3.11",
+def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_version: str | None = None,
                    subdir: str = "linux-64", build_number: int = 0, glibc: str | None = None,
                    cuda: str | None = None, compression_level: int = 3, progress=print) -> CondaPackage:
     """Make `<out_dir>/<subdir>/<name>-<version>-<build>.conda` from `wheel` (see module doc).
@@ -132,6 +132,7 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
     The conda version is the wheel's public version (2.6.0); the local part (+lms1) goes into the
     build string (lms1_cuda124_py311_0), the conda convention for variants of one version.
     glibc: minimum glibc from the wheel's manylinux tag (-> depends "__glibc >=X").
+    python_version: default: the wheel's own CPython tag (cp310 -> 3.10), else this Python's.
     """
     from conda_package_handling import api as cph
 
@@ -140,6 +141,9 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
     m = re.search(r"manylinux_(\d+)_(\d+)_", wheel.name)
     if glibc is None and m:
         glibc = f"{m.group(1)}.{m.group(2)}"
+    if python_version is None:
+        tag = re.search(r"-cp(\d)(\d+)-", wheel.name)
+        python_version = f"{tag.group(1)}.{tag.group(2)}" if tag else "%d.%d" % sys.version_info[:2]
     py_nodot = python_version.replace(".", "")
     with zipfile.ZipFile(wheel) as zf:
         di, dist_name, wversion, reqs, ep = _wheel_meta(zf)

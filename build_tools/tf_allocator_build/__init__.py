@@ -30,7 +30,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TF_VERSION = "2.14.1"
-WHEEL_GLOB = f"tensorflow_cpu-{TF_VERSION}-cp311-cp311-manylinux*.whl"
+# tensorflow-cpu 2.14.1 publishes CPython 3.9-3.11 wheels. The running Python's is used (the
+# Python check installs it into a venv made from this interpreter); any of them has the same
+# headers and library, so other Pythons take the 3.11 one for the allocator build.
+TF_PYTHONS = ("3.9", "3.10", "3.11")
+PY_VERSION = "%d.%d" % sys.version_info[:2]
+WHEEL_PY = PY_VERSION if PY_VERSION in TF_PYTHONS else "3.11"
+WHEEL_GLOB = f"tensorflow_cpu-{TF_VERSION}-cp{WHEEL_PY.replace('.', '')}-cp{WHEEL_PY.replace('.', '')}-manylinux*.whl"
 DEFAULT_CACHE = REPO / ".cache" / "tf_allocator"
 CONFORMANCE = REPO / "tests" / "conformance" / "tensorflow_allocator"
 LMS_SRC = REPO / "patches" / "tensorflow" / "src"
@@ -66,6 +72,24 @@ def log(msg: str) -> None:
 
 # --------------------------------------------------------------------------
 # The wheel.
+def wheel_file(cache: Path) -> Path:
+    """The tensorflow-cpu wheel for WHEEL_PY in ``cache`` (downloaded once with pip)."""
+    found = sorted(cache.glob(WHEEL_GLOB))
+    if not found:
+        cache.mkdir(parents=True, exist_ok=True)
+        log(f"downloading tensorflow-cpu=={TF_VERSION} (Python {WHEEL_PY} wheel) into {cache}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps",
+             "--only-binary=:all:", "--python-version", WHEEL_PY,
+             "--platform", "manylinux2014_x86_64",
+             f"tensorflow-cpu=={TF_VERSION}", "-d", str(cache)],
+            check=True)
+        found = sorted(cache.glob(WHEEL_GLOB))
+    if not found:
+        raise SystemExit(f"no {WHEEL_GLOB} in {cache}")
+    return found[-1]
+
+
 def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:
     """Returns a folder holding the wheel's ``include/`` and
     ``libtensorflow_framework.so.2`` (downloaded once with pip, cached)."""
@@ -74,20 +98,7 @@ def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:
     if marker.exists():
         return out
     cache.mkdir(parents=True, exist_ok=True)
-    if wheel is None:
-        found = sorted(cache.glob(WHEEL_GLOB))
-        if not found:
-            log(f"downloading tensorflow-cpu=={TF_VERSION} (cp311 wheel) into {cache}")
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps",
-                 "--only-binary=:all:", "--python-version", "3.11",
-                 "--platform", "manylinux2014_x86_64",
-                 f"tensorflow-cpu=={TF_VERSION}", "-d", str(cache)],
-                check=True)
-            found = sorted(cache.glob(WHEEL_GLOB))
-        if not found:
-            raise SystemExit(f"no {WHEEL_GLOB} in {cache}")
-        wheel = found[-1]
+    wheel = wheel or wheel_file(cache)
     log(f"extracting headers and libtensorflow_framework.so.2 from {wheel.name}")
     if out.exists():
         shutil.rmtree(out)

@@ -20,7 +20,8 @@ import sys
 import venv
 from pathlib import Path
 
-from . import DEFAULT_CACHE, TF_VERSION, WHEEL_GLOB, ensure_wheel, log
+from ..tools import find_tool
+from . import DEFAULT_CACHE, PY_VERSION, TF_PYTHONS, TF_VERSION, log, wheel_file
 
 PATCHED_PY = [
     "tensorflow/python/eager/context.py",
@@ -31,8 +32,9 @@ PROTO = "tensorflow/core/protobuf/config.proto"
 
 def protoc() -> list[str]:
     """protoc: Debian's protobuf-compiler, else grpcio-tools' bundled one."""
-    if shutil.which("protoc"):
-        return ["protoc"]
+    exe = find_tool("protoc")
+    if exe:
+        return [exe]
     import importlib.util
     if importlib.util.find_spec("grpc_tools") is not None:
         return [sys.executable, "-m", "grpc_tools.protoc"]
@@ -52,8 +54,11 @@ def compile_proto(tree: Path, out: Path, cpp: bool = True) -> Path:
 
 
 def ensure_tf_python(cache: Path = DEFAULT_CACHE) -> Path:
-    """A Python 3.11 venv with stock tensorflow-cpu 2.14.1 (from the cached
-    wheel), kept apart from the project's Python (TF 2.14 needs numpy < 2)."""
+    """A venv of this interpreter with stock tensorflow-cpu 2.14.1 (from the
+    cached wheel), kept apart from the project's Python (TF 2.14 needs numpy < 2)."""
+    if PY_VERSION not in TF_PYTHONS:
+        raise SystemExit(f"tensorflow-cpu {TF_VERSION} has no wheel for Python {PY_VERSION} "
+                         f"(only {', '.join(TF_PYTHONS)}): run the tests with one of those")
     env = Path(os.environ.get("TF_LMS_VENV", cache.parent / "tf-venv"))
     py = env / "bin" / "python"
     if py.exists():
@@ -61,8 +66,7 @@ def ensure_tf_python(cache: Path = DEFAULT_CACHE) -> Path:
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         if r.returncode == 0 and r.stdout.strip() == TF_VERSION:
             return py
-    ensure_wheel(cache)
-    wheel = sorted(cache.glob(WHEEL_GLOB))[-1]
+    wheel = wheel_file(cache)
     log(f"creating {env} with {wheel.name}")
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True)
