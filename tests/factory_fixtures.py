@@ -25,7 +25,7 @@ ALLOCATOR_V260 = textwrap.dedent("""\
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
-       "PATH": "/usr/bin:/bin:/usr/local/bin"}
+       "PATH": "/usr/bin:/bin"}
 
 
 def git(cwd: Path, *args: str) -> str:

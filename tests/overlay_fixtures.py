@@ -64,17 +64,32 @@ def _scratch() -> Path:
     return d
 
 
+# The overlay build runs as users run it, `<venv>/bin/python -m build_tools.overlay`, with only the
+# system's PATH: the programs `make setup` put into the venv must be found without activating it.
+SYSTEM_PATH = "/usr/bin:/bin"
+
+
 @pytest.fixture(scope="session")
 def overlay_build(lms_tree):
-    """(OverlayResult, tree) of the overlay build of the current LMS sources."""
+    """(OverlayResult, tree) of the overlay build of the current LMS sources, made by the CLI in a
+    child process whose PATH is SYSTEM_PATH."""
     if "build" not in _memo:
-        from build_tools.overlay import build_overlay
+        from build_tools.overlay import OverlayResult, plan_overlay
         tree = lms_tree("pytorch", TAG)
         dist = _scratch() / "dist"
         t0 = time.monotonic()
-        res = build_overlay(TAG, tree, dist, python=sys.executable)
+        proc = subprocess.run([sys.executable, "-m", "build_tools.overlay", TAG, str(tree), "--dist", str(dist)],
+                              cwd=REPO, env={**os.environ, "PATH": SYSTEM_PATH},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         _record("overlay_build_s", time.monotonic() - t0)
+        assert proc.returncode == 0, f"overlay build with PATH={SYSTEM_PATH} failed:\n{proc.stdout[-4000:]}"
+        wheel = Path(proc.stdout.strip().splitlines()[-1])
+        report = wheel.with_name(wheel.name + ".overlay.json")
+        rep = json.loads(report.read_text())
+        res = OverlayResult(wheel, report, rep["version"], rep["platform_tag"], plan_overlay(tree, TAG, TAG),
+                            rep["abi"], rep["timings_s"])
         _memo["build"] = (res, tree)
+        _memo["build_log"] = proc.stdout
     return _memo["build"]
 
 
