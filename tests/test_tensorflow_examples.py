@@ -27,8 +27,11 @@ def tf_python():
     return python_overlay.ensure_tf_python()
 
 
-def _run(py, *args, timeout=600):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+def _run(py, *args, timeout=600, onednn="0"):
+    # Stock TensorFlow keeps CPU allocator statistics only with its oneDNN CPU path, which it turns
+    # on by itself on some CPUs: each test says which it wants, so no outcome depends on the CPU.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+           "TF_ENABLE_ONEDNN_OPTS": onednn}
     r = subprocess.run([str(py), *map(str, args)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return r.returncode, r.stdout
@@ -64,3 +67,15 @@ def test_stats_callback_example(tf_python, tmp_path):
     assert rc == 0, out[-3000:]
     assert NOT_LMS in out and "stock TensorFlow" in out, out
     assert json.loads((tmp_path / "s.json").read_text())["lms_build"] is False
+
+
+def test_stats_callback_with_cpu_allocator_statistics(tf_python, tmp_path):
+    """With oneDNN on, stock TensorFlow reports current/peak bytes for CPU:0 (get_memory_info): the
+    callback records and prints them."""
+    rc, out = _run(tf_python, EXAMPLES / "lms_stats_callback.py", "--image-size", 16,
+                   "--batch-size", 2, "--steps", 2, "--epochs", 1,
+                   "--json", tmp_path / "s.json", onednn="1")
+    assert rc == 0, out[-3000:]
+    assert "[stats] epoch 0 on CPU:0: bytes_in_use=" in out and "MiB" in out, out
+    records = json.loads((tmp_path / "s.json").read_text())["records"]
+    assert records and all(r["source"] == "get_memory_info" for r in records), records

@@ -87,17 +87,24 @@ def read_stats(device: str) -> tuple[str, dict | None, str]:
         return "none", None, f"{note}; get_memory_info({device!r}): {e}".strip("; ")
 
 
+# Keys a record carries besides the allocator's statistics (see AllocatorStatsCallback._record).
+RECORD_KEYS = ("where", "time_s", "source", "batch", "epoch")
+
+
 def format_stats(stats: dict) -> str:
+    """One line of the statistics in `stats` (a read_stats result or a record): byte counts in MiB,
+    counts and flags as they are; a record's own keys are left out."""
     order = ["bytes_in_use", "peak_bytes_in_use", "bytes_limit", "bytes_reserved", "num_allocs",
              "largest_alloc_size", "gpu_host_bytes_in_use", "lms_host_bytes_in_use",
              "lms_bytes_swapped_out", "lms_bytes_swapped_in", "lms_num_reclaims",
              "lms_num_defrag_events", "lms_num_failures"]
     parts = []
-    for k in order + sorted(set(stats) - set(order)):
+    for k in order + sorted(set(stats) - set(order) - set(RECORD_KEYS)):
         if k not in stats:
             continue
         v = stats[k]
-        if k.startswith("num") or "num_" in k or k in ("lms_enabled", "lms_defrag_enabled"):
+        counted = k.startswith("num") or "num_" in k or k in ("lms_enabled", "lms_defrag_enabled")
+        if counted or isinstance(v, bool) or not isinstance(v, (int, float)):
             parts.append(f"{k}={v}")
         else:
             parts.append(f"{k}={v / MiB:.1f}MiB")
