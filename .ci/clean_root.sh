@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Runs a command in a fresh clone of this repository's committed HEAD, inside a clean Debian root
+# made from Debian's packages alone: what a new machine has before anything is installed by hand.
+#
+#   .ci/clean_root.sh make test          # what .ci/run does
+#   LMS_CI_KEEP=1 .ci/clean_root.sh ...  # keep the root afterwards (its path is printed)
+#
+# The root holds only the packages in BASE_PACKAGES (the README's "fresh machine" list). From the
+# host it gets, read-only or as copies: the pip and apt settings and the local package folders they
+# name (the only way the registries are reached here), DNS and the CA bundle. Nothing else: no
+# ~/.cache, no /usr/local, no pip installs, no PATH of the host.
+#
+# The bare root is made once with debootstrap and cached as a tarball in $LMS_CI_CACHE (default
+# ~/.cache/lms-ci); every run unpacks a new copy, so no run sees what another one installed.
+# Needs root (debootstrap, chroot, mount). Exit status: that of the command, or 2 for set-up errors.
+set -euo pipefail
+
+SUITE=${LMS_CI_SUITE:-bookworm}
+BASE_PACKAGES="python3,python3-venv,python3-pip,make,gcc,g++,git,ca-certificates"
+top=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
+cache=${LMS_CI_CACHE:-$HOME/.cache/lms-ci}
+say() { echo "[clean-root] $*"; }
+
+[ $# -gt 0 ] || { echo "usage: $0 COMMAND..."; exit 2; }
+if [ "$(id -u)" != 0 ]; then
+  say "needs root: it builds a Debian root with debootstrap, mounts /proc, /sys, /dev into it and chroots."
+  say "Run it as root (e.g. sudo), or run the command in this checkout as it is, which is NOT a fresh"
+  say "machine (whatever is installed here is used): LMS_CI_IN_PLACE=1 bash .ci/run"
+  exit 2
+fi
+
+# The Debian mirror the host's apt uses (its registry), else Debian's own.
+mirror=${LMS_CI_MIRROR:-$(
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}';
+    grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'; } \
+  | grep -v -e security -e '^\[' | head -1)}
+mirror=${mirror:-http://deb.debian.org/debian}
+
+# 1. The cached bare root (remade when the package list, suite or mirror changes).
+key=$(echo "$SUITE $BASE_PACKAGES $mirror" | sha256sum | cut -c1-12)
+tarball="$cache/rootfs-$SUITE-$key.tar"
+mkdir -p "$cache"
+if [ ! -f "$tarball" ]; then
+  command -v debootstrap >/dev/null || { say "apt-get install debootstrap"; apt-get install -y -q debootstrap >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q debootstrap >/dev/null; }; }
+  build=$(mktemp -d "$cache/debootstrap.XXXXXX")
+  say "debootstrap $SUITE from $mirror (once; cached as $tarball)"
+  t0=$(date +%s)
+  if ! debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$build" "$mirror" \
+       >"$cache/debootstrap.log" 2>&1; then
+    say "debootstrap failed: see $cache/debootstrap.log"; rm -rf --one-file-system "$build"; exit 2
+  fi
+  tar -C "$build" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
+  rm -rf --one-file-system "$build"
+  say "root cached in $(( $(date +%s) - t0 )) s"
+fi
+
+# 2. A fresh copy, with its mounts undone on any exit (Ctrl-C included) and deleted only when no
+#    mount is left inside it.
+work=$(mktemp -d /tmp/lms-ci.XXXXXX)
+root="$work/root"
+mounted=()
+mounts_left() { findmnt -rn -o TARGET | grep -q "^$root/" ; }
+cleanup() {
+  local i
+  for (( i=${#mounted[@]}-1; i>=0; i-- )); do umount "${mounted[i]}" 2>/dev/null || umount -l "${mounted[i]}" 2>/dev/null || true; done
+  if mounts_left; then
+    say "mounts remain under $root; not deleting $work"
+  elif [ -n "${LMS_CI_KEEP:-}" ]; then
+    say "kept $root"
+  else
+    rm -rf --one-file-system "$work"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+mkdir -p "$root"
+tar -C "$root" -xf "$tarball"
+bind() {  # bind <host path> [ro]
+  mkdir -p "$root$1"
+  mount --bind "$1" "$root$1"
+  mounted+=("$root$1")
+  if [ "${2:-}" = ro ]; then mount -o remount,bind,ro "$root$1"; fi
+}
+for m in proc sys dev dev/pts; do bind "/$m"; done
+
+# 3. The host's ways to its registries. apt: its settings files (not its sources: the root keeps
+#    Debian's own list from debootstrap). pip: its settings files, the folders and files they name
+#    (read-only), and PIP_* variables.
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+for f in /etc/apt/apt.conf.d/99*; do [ -f "$f" ] && cp "$f" "$root/etc/apt/apt.conf.d/"; done
+for f in /etc/pip.conf /etc/xdg/pip/pip.conf "$HOME/.config/pip/pip.conf" "$HOME/.pip/pip.conf"; do
+  [ -f "$f" ] || continue
+  dest="$root${f/#$HOME//root}"; mkdir -p "$(dirname "$dest")"; cp "$f" "$dest"
+done
+pipcmd=$(command -v pip || command -v pip3 || echo "python3 -m pip")
+values=$( { $pipcmd config list 2>/dev/null || true; env | grep '^PIP_' || true; } | sed -E "s/^[^=]*=//; s/'//g" | tr ' ' '\n')
+for v in $values; do
+  p=${v#file://}
+  case "$p" in /*) ;; *) continue ;; esac
+  [ -d "$p" ] && case "$p" in */simple|*/simple/) p=$(dirname "${p%/}") ;; esac
+  if [ -d "$p" ]; then
+    findmnt -rn -o TARGET | grep -qx "$root$p" || bind "$p" ro
+  elif [ -f "$p" ]; then
+    mkdir -p "$root$(dirname "$p")"; cp "$p" "$root$p"
+  fi
+done
+pipenv=()
+while IFS= read -r line; do pipenv+=("$line"); done < <(env | grep '^PIP_' || true)
+
+# 4. A fresh clone of the committed HEAD, and the command.
+if [ -n "$(git -C "$top" status --porcelain --untracked-files=no)" ]; then
+  say "note: $top has uncommitted changes; they are not part of this run (it clones HEAD)"
+fi
+git clone -q "$top" "$root/project"
+say "HEAD $(git -C "$root/project" rev-parse --short HEAD) in a clean $SUITE root ($work); running: $*"
+t0=$(date +%s)
+set +e
+chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 CI="${CI:-true}" \
+  PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${pipenv[@]}" \
+  /bin/bash -c 'cd /project && exec "$@"' bash "$@"
+rc=$?
+set -e
+say "$* exited $rc after $(( $(date +%s) - t0 )) s"
+exit $rc
