@@ -103,9 +103,12 @@ def test_proto_edit_compiles_and_gpu_wiring_compiles(tree, tmp_path):
     assert "bool lms_enabled() const;" in header
     assert "bool lms_defrag_enabled() const;" in header
     from build_tools import cuda_headers
-    cuda = cuda_headers.find()
+    # CUDA 13, as the GPU machine builds it: the page backend asks for
+    # CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, which
+    # CUDA 12.4-12.6 headers do not declare.
+    cuda = cuda_headers.find(13)
     if cuda is None:
-        pytest.fail("no CUDA headers: `make setup` installs NVIDIA's header wheels (pyproject's test extra)")
+        pytest.fail("no CUDA 13 headers: `make setup` installs NVIDIA's header wheels (pyproject's test extra)")
     _require_toolchain()
     wheel = tab.ensure_wheel(tab.DEFAULT_CACHE) / "tensorflow" / "include"
     for rel in ("tensorflow/core/common_runtime/gpu/gpu_lms_allocator.cc",
