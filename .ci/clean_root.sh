@@ -31,9 +31,9 @@ fi
 
 # The Debian mirror the host's apt uses (its registry), else Debian's own.
 mirror=${LMS_CI_MIRROR:-$(
-  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}';
-    grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'; } \
-  | grep -v -e security -e '^\[' | head -1)}
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources || true;
+    grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list || true; } \
+  | awk '$1 == "URIs:" {print $2} $1 == "deb" {print ($2 ~ /^\[/ ? $3 : $2)}' | grep -v security | head -1 || true)}
 mirror=${mirror:-http://deb.debian.org/debian}
 
 # 1. The cached bare root (remade when the package list, suite or mirror changes).
@@ -60,7 +60,8 @@ fi
 work=$(mktemp -d /tmp/lms-ci.XXXXXX)
 root="$work/root"
 mounted=()
-mounts_left() { findmnt -rn -o TARGET | grep -q "^$root/" ; }
+# (awk reads all of findmnt's output: with grep -q and pipefail, an early exit would read as "none")
+mounts_left() { findmnt -rn -o TARGET | awk -v r="$root/" 'index($0, r) == 1 {n++} END {exit n == 0}'; }
 cleanup() {
   local i
   for (( i=${#mounted[@]}-1; i>=0; i-- )); do umount "${mounted[i]}" 2>/dev/null || umount -l "${mounted[i]}" 2>/dev/null || true; done
@@ -102,7 +103,7 @@ for v in $values; do
   case "$p" in /*) ;; *) continue ;; esac
   [ -d "$p" ] && case "$p" in */simple|*/simple/) p=$(dirname "${p%/}") ;; esac
   if [ -d "$p" ]; then
-    findmnt -rn -o TARGET | grep -qx "$root$p" || bind "$p" ro
+    findmnt -rn -o TARGET | grep -x "$root$p" >/dev/null || bind "$p" ro
   elif [ -f "$p" ]; then
     mkdir -p "$root$(dirname "$p")"; cp "$p" "$root$p"
   fi
