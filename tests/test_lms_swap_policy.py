@@ -448,3 +448,60 @@ def test_trace_records_events(m):
     _train(lambda: sw, steps=1)
     events = {e[1] for e in sw.trace()}
     assert {"out", "in"} <= events
+
+
+# ------------------------------------------------------------------ no collapse, memory back
+def test_learning_is_damped_downwards_only(m):
+    assert m.damped(4.4, None) == 4.4                 # nothing learned yet
+    assert m.damped(4.4, 27.0) == 13.5                # one odd step: at most half
+    assert m.damped(30.0, 27.0) == 30.0               # raising is never damped
+    plan, steps = 24.4, 0
+    while plan > 1.0:                                 # a plan that is no longer needed
+        plan, steps = m.damped(0.0, plan), steps + 1  # still goes, in a few steps
+    assert steps == 5
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_pool_gives_host_memory_back_after_steps_that_need_less(m):
+    pool = m.HostPool(limit=1 << 40, pin=False)
+    bufs = [pool.alloc(64 * MiB) for _ in range(4)]
+    for b in bufs:
+        b.fill_(1)                                    # resident pages
+    for b in bufs:
+        pool.free(b)
+    del bufs, b
+    held = _rss()
+    assert pool.end_step() == 0                       # this step used 256 MiB
+    assert pool.end_step() == 0                       # ... and is one of the last two
+    assert pool.reserved == 256 * MiB
+    assert pool.end_step() == 256 * MiB               # two steps that used nothing
+    assert pool.reserved == 0 and pool.blocks == 0
+    assert held - _rss() > 200 * MiB                  # the pages went back to the kernel
+
+
+def test_pool_keeps_what_recent_steps_used(m):
+    pool = m.HostPool(limit=1 << 40, pin=False)
+    a, b = pool.alloc(8 * MiB), pool.alloc(8 * MiB)
+    pool.free(a)
+    pool.free(b)
+    pool.end_step()                                   # peak 16 MiB
+    c = pool.alloc(8 * MiB)                           # a smaller step: 8 MiB
+    pool.free(c)
+    pool.end_step()
+    assert pool.reserved == 16 * MiB                  # the last two steps' peak
+    pool.end_step()                                   # now 8 MiB and 0
+    assert pool.reserved == 8 * MiB
+
+
+def test_pool_limit_counts_host_memory_held_elsewhere(m):
+    held = {"n": 6 * MiB}
+    pool = m.HostPool(limit=10 * MiB, pin=False, extra_fn=lambda: held["n"])
+    pool.alloc(4 * MiB)
+    with pytest.raises(m.LMSHostMemoryError, match="host memory limit"):
+        pool.alloc(1 * MiB)
+    held["n"] = 0
+    pool.alloc(1 * MiB)

@@ -3,6 +3,8 @@
   c10/cuda/**  (sources, headers, its CMakeLists/bazel files)  -> rebuild libc10_cuda.so
   c10/**       (other sources/headers)                          -> rebuild libc10.so (and libc10_cuda.so)
   torch/**/*.py, torch/**/*.pyi                                 -> copied into the wheel
+  torch/**/*.cpp (not torch/csrc)                               -> copied too: sources a Python
+                                                                   module compiles at run time
   tests, docs, CI files (test/, docs/, benchmarks/, .github/, .ci/, c10/test/, c10/cuda/test/, *.md)
                                                                 -> not part of a wheel: ignored
   anything else (torch/csrc, aten, caffe2, setup.py, cmake, third_party, ...) -> refused: overlay
@@ -33,7 +35,7 @@ class OverlayRefused(LmsError):
 @dataclasses.dataclass
 class OverlayPlan:
     rebuild: list            # subset of ["c10", "c10_cuda"], in build order
-    python_files: list       # torch/... .py/.pyi added or modified (copied into the wheel)
+    python_files: list       # torch/... .py/.pyi/.cpp added or modified (copied into the wheel)
     python_deleted: list     # torch/... .py/.pyi deleted by the patch (removed from the wheel)
     headers: list            # c10/... headers added or modified (-> torch/include/c10/...)
     headers_deleted: list
@@ -90,7 +92,8 @@ def plan_overlay(tree: Path, base: str, tag_for_hint: str | None = None) -> Over
             else:
                 refused.append((path, "a c10 file that is neither C++ source nor header (e.g. a generated-"
                                       "header template)"))
-        elif path.startswith("torch/") and path.endswith((".py", ".pyi")) and not path.startswith("torch/csrc/"):
+        elif path.startswith("torch/") and path.endswith((".py", ".pyi", ".cpp")) \
+                and not path.startswith("torch/csrc/"):
             (py_del if deleted else py).append(path)
         else:
             refused.append((path, "compiled into libraries other than libc10/libc10_cuda, or part of the "

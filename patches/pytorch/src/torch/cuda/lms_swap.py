@@ -97,6 +97,13 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
 ``host_min_available``
     the pool does not grow when the machine would be left with less available memory
     than this (default max(2 GiB, 5% of RAM)).
+``guard``
+    (default False, experimental) register every tensor the policy keeps on the device
+    with the eviction net (``lms_swap_guard.cpp``, compiled on first use): when the
+    caching allocator raises out-of-memory, the net copies kept tensors to host memory,
+    earliest saved first, and retries the allocation.  On the H100 it catches the error
+    but has not yet freed memory (every kept tensor's storage still had a second owner),
+    so it is off until that is found; :func:`stats` reports it as ``guard.*``.
 ``trace``
     record ``(time, event, device bytes allocated, host bytes in use)`` per pack and
     unpack into :func:`trace` (costs a memory query per event).
@@ -120,9 +127,12 @@ import bisect
 import collections
 import contextlib
 import importlib
+import mmap
 import os
+import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -244,6 +254,65 @@ def _allocator_lms() -> Any:
 
 
 # --------------------------------------------------------------------------------------
+# the eviction net (lms_swap_guard.cpp): the kept tensors' way out when the forecast fails
+# --------------------------------------------------------------------------------------
+GUARD_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lms_swap_guard.cpp")
+_guard_state: Dict[str, Any] = {}
+_guard_lock = threading.Lock()
+
+
+def _cuda_include_dirs() -> List[str]:
+    """Where cuda_runtime_api.h is: a CUDA toolkit, else NVIDIA's runtime wheel (which
+    PyTorch's CUDA wheels depend on)."""
+    dirs = []
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+    except Exception:  # pragma: no cover - broken torch install
+        CUDA_HOME = None
+    for root in filter(None, (CUDA_HOME, os.environ.get("CUDA_HOME"))):
+        dirs.append(os.path.join(root, "include"))
+    for base in sys.path:
+        for sub in ("nvidia/cuda_runtime/include", "nvidia/cu13/include", "nvidia/cu12/include"):
+            dirs.append(os.path.join(base, sub))
+    return [d for d in dict.fromkeys(dirs)
+            if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))]
+
+
+def load_guard(required: bool = False) -> Any:
+    """The compiled eviction net (built once per PyTorch version with
+    ``torch.utils.cpp_extension``; cached in ``TORCH_EXTENSIONS_DIR``), or None where it
+    cannot be built (no C++ compiler, no CUDA headers, no CUDA): swapping then runs on
+    its forecast alone, and :func:`stats` says so (``guard.active`` 0).  ``required``
+    raises instead."""
+    with _guard_lock:
+        if "module" in _guard_state:
+            mod = _guard_state["module"]
+            if mod is None and required:
+                raise RuntimeError(_guard_state.get("error", "LMS guard unavailable"))
+            return mod
+        mod, err = None, None
+        try:
+            if not torch.cuda.is_available():
+                raise RuntimeError("CUDA is not available")
+            from torch.utils import cpp_extension
+            inc = _cuda_include_dirs()
+            if not inc:
+                raise RuntimeError("cuda_runtime_api.h not found (set CUDA_HOME)")
+            mod = cpp_extension.load(
+                name="lms_swap_guard_" + torch.__version__.replace(".", "_").replace("+", "_"),
+                sources=[GUARD_SOURCE], extra_include_paths=inc,
+                extra_cflags=["-O2"], verbose=False)
+        except Exception as e:  # the job goes on without the net; stats show it
+            err = f"LMS activation swapping: eviction net not built ({type(e).__name__}: {e})"
+            warnings.warn(err + "; a wrong forecast can then end in CUDA out of memory",
+                          RuntimeWarning, stacklevel=3)
+        _guard_state["module"], _guard_state["error"] = mod, err
+        if mod is None and required:
+            raise RuntimeError(err)
+        return mod
+
+
+# --------------------------------------------------------------------------------------
 # exact-size pinned host pool
 # --------------------------------------------------------------------------------------
 try:
@@ -278,6 +347,8 @@ class HostPool:
         reserve_fn=None,
         release_fn=None,
         available_fn=_host_available,
+        extra_fn=None,
+        on_change=None,
     ) -> None:
         if limit < 0:
             raise ValueError("host pool limit must be >= 0")
@@ -287,6 +358,9 @@ class HostPool:
         self._reserve_fn = reserve_fn
         self._release_fn = release_fn
         self._available_fn = available_fn
+        self._extra_fn = extra_fn      # host bytes held elsewhere under the same limit
+        self._on_change = on_change    # called with `reserved` when it changes
+        self._step_peaks: collections.deque = collections.deque(maxlen=2)
         self._lock = threading.RLock()
         # nbytes -> deque of (buffer, event or None); LRU order over all sizes below
         self._free: Dict[int, collections.deque] = {}
@@ -297,6 +371,7 @@ class HostPool:
         self._ids = 0
         self.reserved = 0
         self.in_use = 0
+        self._step_peak = 0
         self.peak_in_use = 0
         self.peak_reserved = 0
         self.hits = 0
@@ -326,6 +401,7 @@ class HostPool:
                 self._busy = False
             self.in_use += nbytes
             self.peak_in_use = max(self.peak_in_use, self.in_use)
+            self._step_peak = max(self._step_peak, self.in_use)
             return buf
 
     def free(self, buf: torch.Tensor, event=None) -> None:
@@ -362,6 +438,24 @@ class HostPool:
             try:
                 for key in list(self._free_order):
                     released += self._evict_key(key)
+            finally:
+                self._busy = False
+        return released
+
+    def end_step(self) -> int:
+        """Called between training steps: gives back cached buffers beyond what the
+        last two steps had in use at once, so host memory follows need (a step that
+        swaps nothing holds nothing after two more).  Returns the bytes released."""
+        released = 0
+        with self._lock:
+            self._flush()
+            self._step_peaks.append(self._step_peak)
+            self._step_peak = self.in_use
+            keep = max(self._step_peaks)
+            self._busy = True
+            try:
+                while self.reserved > keep and self._free_order:
+                    released += self._evict_key(next(iter(self._free_order)))
             finally:
                 self._busy = False
         return released
@@ -445,10 +539,11 @@ class HostPool:
         return nbytes
 
     def _make_room(self, nbytes: int) -> None:
-        # 1. our own limit
-        while self.reserved + nbytes > self.limit and self._free_order:
+        # 1. our own limit (shared with the eviction net's host copies)
+        extra = self._extra_fn() if self._extra_fn is not None else 0
+        while self.reserved + extra + nbytes > self.limit and self._free_order:
             self._evict_key(next(iter(self._free_order)))
-        if self.reserved + nbytes > self.limit:
+        if self.reserved + extra + nbytes > self.limit:
             raise LMSHostMemoryError(
                 f"LMS: host swap space exhausted: {_fmt(nbytes)} more would exceed the "
                 f"host memory limit of {_fmt(self.limit)} ({_fmt(self.in_use)} in use by "
@@ -486,19 +581,22 @@ class HostPool:
                 self._evict_key(next(iter(self._free_order)))
 
     def _create(self, nbytes: int) -> torch.Tensor:
+        # Each buffer is its own anonymous mapping: destroying it gives the pages back to
+        # the kernel at once (heap memory would stay in the process), and whole pages
+        # belong to this buffer only (cudaHostRegister fails on a page registered twice).
+        length = (nbytes + _PAGE - 1) // _PAGE * _PAGE
         try:
+            try:
+                mem = mmap.mmap(-1, length)
+            except (OSError, ValueError) as e:
+                raise LMSHostMemoryError(
+                    f"LMS: cannot map {_fmt(nbytes)} of host memory for swap space ({e}); "
+                    f"{_fmt(self.reserved)} already held") from None
+            buf = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes)
             if self.pin:
-                # Pin whole pages that belong to this buffer only: cudaHostRegister
-                # fails (cudaErrorHostMemoryAlreadyRegistered) when two registrations
-                # share a page, which small heap allocations do.  Cost: <= 2 pages.
-                page = _PAGE
-                raw = torch.empty(nbytes + 2 * page, dtype=torch.uint8)
-                base = raw.data_ptr()
-                start = (base + page - 1) // page * page
-                buf = raw[start - base:start - base + nbytes]
                 t0 = time.perf_counter()
                 rt = torch.cuda.cudart()
-                err = rt.cudaHostRegister(start, (nbytes + page - 1) // page * page, 0)
+                err = rt.cudaHostRegister(buf.data_ptr(), length, 0)
                 self.pin_seconds += time.perf_counter() - t0
                 if int(err) != 0:
                     clear = getattr(rt, "cudaGetLastError", None)
@@ -508,8 +606,6 @@ class HostPool:
                         f"LMS: cudaHostRegister of {_fmt(nbytes)} failed (error "
                         f"{int(err)}); {_fmt(self.reserved)} already pinned for swapping."
                     )
-            else:
-                buf = torch.empty(nbytes, dtype=torch.uint8)
         except BaseException:
             if self._reserve_fn is not None and self._release_fn is not None:
                 self._release_fn(nbytes)
@@ -517,6 +613,7 @@ class HostPool:
         self.reserved += nbytes
         self.blocks += 1
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self._changed()
         return buf
 
     def _destroy(self, buf: torch.Tensor) -> None:
@@ -527,7 +624,12 @@ class HostPool:
         self.blocks -= 1
         if self._release_fn is not None:
             self._release_fn(nbytes)
-        del buf
+        del buf  # the last reference to its mapping: the pages go back now
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.reserved)
 
 
 # --------------------------------------------------------------------------------------
@@ -557,6 +659,7 @@ class SwapConfig:
         "dedupe": True,
         "min_storage_fraction": 0.5,
         "trace": False,
+        "guard": False,
         "device_type": "cuda",
     }
 
@@ -715,6 +818,18 @@ def learn_margin(
     return max(int(min_margin), int(extra * 1.05))
 
 
+def damped(learned: float, previous: Optional[float], keep: float = 0.5) -> float:
+    """What a step's lesson may lower a learned quantity to: not below ``keep`` times
+    its previous value (None: nothing learned yet).  Raising is never damped.  One odd
+    step (a short last batch, an eval pass, a step after the eviction net moved
+    memory) then cannot undo what the steps before it learned: on an H100 a Llama-style
+    decoder's plan fell from 24.4 to 8.8 GiB and its margin from 27 to 4.4 GiB after
+    one step, and the next step ran out of memory."""
+    if previous is None:
+        return learned
+    return max(learned, keep * previous)
+
+
 def next_reserve_factor(current: float, peak: int, limit: int) -> float:
     """The prefetch headroom, as a multiple of the largest saved tensor, after a step
     whose backward set a new ``peak``: a quarter more when that peak went over
@@ -756,7 +871,7 @@ class _Swapped:
     __slots__ = (
         "owner", "nbytes", "size", "stride", "dtype", "device", "host",
         "d2h_event", "gpu", "gpu_stream", "h2d_event", "refs", "unpacks", "index",
-        "orig", "version", "pass_id", "__weakref__",
+        "orig", "version", "pass_id", "slot", "__weakref__",
     )
 
     def __del__(self) -> None:
@@ -768,13 +883,26 @@ class _Swapped:
                 pass
 
 
+def _check_version(h: "_Swapped") -> None:
+    """Stock autograd's check that a saved tensor was not changed in place since it
+    was saved (autograd cannot see it through a handle)."""
+    orig = h.orig()
+    if orig is not None and orig._version != h.version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified "
+            f"by an inplace operation: [{h.dtype} {list(h.size)}] is at version "
+            f"{orig._version}; expected version {h.version} instead (the tensor was "
+            "saved through LMS activation swapping)."
+        )
+
+
 class _DevState:
     __slots__ = (
         "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
         "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
         "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
         "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
-        "prev_off", "prev_growth",
+        "prev_off", "prev_growth", "guard_seen",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -804,6 +932,7 @@ class _DevState:
         self.plan = 0        # bytes to swap from the start of forward (learned)
         self.planned = 0     # bytes swapped by the plan in this forward
         self.reactive = 0    # bytes swapped under pressure in this forward
+        self.guard_seen = 0  # the eviction net's evicted bytes when this phase began
 
 
 class ActivationSwapper:
@@ -874,11 +1003,27 @@ class ActivationSwapper:
                     if reserve is None or release is None:
                         reserve = release = None
                     pin = self.config.device_type == "cuda" and torch.cuda.is_available()
+                    guard = self._guard()
                     self._pool = HostPool(
                         limit, pin=pin, min_available=minav,
                         reserve_fn=reserve, release_fn=release,
+                        extra_fn=guard.host_bytes if guard is not None else None,
+                        on_change=((lambda r: guard.set_host_budget(limit, r, minav))
+                                   if guard is not None else None),
                     )
+                    if guard is not None:
+                        guard.set_host_budget(limit, 0, minav)
         return self._pool
+
+    def _guard(self) -> Any:
+        """The eviction net, armed, or None (``guard=False``, CPU, or not buildable)."""
+        cfg = self.config
+        if not cfg.guard or cfg.device_type != "cuda" or cfg.policy == "never":
+            return None
+        g = load_guard()
+        if g is not None and not g.armed():
+            g.arm(True)
+        return g
 
     # -- context manager / hooks ---------------------------------------------------
     def __enter__(self) -> "ActivationSwapper":
@@ -909,7 +1054,8 @@ class ActivationSwapper:
                         "kept_bytes", "small_count", "dedupe_hits", "prefetched",
                         "prefetch_hits", "fetched_on_demand", "memory_queries",
                         "planned_count", "reactive_count", "throttle_waits",
-                        "tail_kept", "predicted_kept", "host_full_kept"):
+                        "tail_kept", "predicted_kept", "host_full_kept",
+                        "guard_fetched", "guard_forward_bytes", "guard_backward_bytes"):
                 out.setdefault("swap." + key, 0)
             for dev, st in self._dev.items():
                 tag = f"dev{dev}" if dev is not None else "cpu"
@@ -921,6 +1067,11 @@ class ActivationSwapper:
                 out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
             if self._pool is not None:
                 out.update(self._pool.stats())
+            g = _guard_state.get("module") if self.config.guard else None
+            out["guard.active"] = int(g is not None and g.armed())
+            if g is not None:
+                out.update({"guard." + k: int(v) for k, v in g.stats().items()
+                            if k != "armed"})
             return out
 
     def reset_stats(self) -> None:
@@ -1021,14 +1172,26 @@ class ActivationSwapper:
         self._phase = "fwd"
         self._dedupe.clear()
         self._prefetch_pending = False
+        if self._pool is not None:
+            self._pool.end_step()
+        guard = self._guard()
+        evicted_now = guard.stats()["evicted_bytes"] if guard is not None else 0
         for st in self._dev.values():
+            # what the net evicted in backward is memory backward needed beyond its peak
+            bwd_evicted = evicted_now - st.guard_seen
+            st.guard_seen = evicted_now
+            if bwd_evicted > 0:
+                self.c["guard_backward_bytes"] += bwd_evicted
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None):
                 peak = torch.cuda.max_memory_allocated(st.index)
+                before = 0 if bwd_evicted > 0 else (st.peak_before or 0)
+                old_k = st.k
                 st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
-                                          st.peak_before or 0, peak,
+                                          before, peak + bwd_evicted,
                                           int(self.config.min_margin),
                                           float(self.config.min_margin_factor))
+                st.k = damped(st.k, old_k)
                 if peak > (st.peak_before or 0):
                     st.reserve_k = next_reserve_factor(self._reserve_factor(st), peak,
                                                        self._device_limit(st))
@@ -1054,7 +1217,14 @@ class ActivationSwapper:
         self._dedupe.clear()
         self._kept_unpacks = 0
         self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
+        guard = self._guard()
+        evicted_now = guard.stats()["evicted_bytes"] if guard is not None else 0
         for st in self._dev.values():
+            # the net's evictions in forward were swaps the forecast should have planned
+            fwd_evicted = evicted_now - st.guard_seen
+            st.guard_seen = evicted_now
+            if fwd_evicted > 0:
+                self.c["guard_forward_bytes"] += fwd_evicted
             st.cursor = len(st.order)
             st.prev_saved = st.saved
             if st.index is not None and self.config.policy == "auto":
@@ -1066,11 +1236,13 @@ class ActivationSwapper:
                 st.peak_before = torch.cuda.max_memory_allocated(st.index)
                 if self.config.plan:
                     trig = swap_trigger(self._device_limit(st), self._margin(st))
-                    if st.planned + st.reactive == 0 and st.fwd_end <= trig:
-                        st.plan = 0
+                    swapped = st.planned + st.reactive + fwd_evicted
+                    if swapped == 0 and st.fwd_end <= trig:
+                        plan = 0
                     else:
-                        st.plan = next_plan(st.planned + st.reactive, st.fwd_end, trig,
-                                            max(256 * MiB, self._device_limit(st) // 128))
+                        plan = next_plan(swapped, st.fwd_end, trig,
+                                         max(256 * MiB, self._device_limit(st) // 128))
+                    st.plan = int(damped(plan, st.plan or None))
             self._drain(st, wait=False)
 
     # -- pack ------------------------------------------------------------------------
@@ -1105,7 +1277,7 @@ class ActivationSwapper:
             st = self._state(t)
             if nbytes > st.largest:
                 st.largest = nbytes
-            why, wait = self._decide(st, t, nbytes)
+            why, wait, eligible = self._decide(st, t, nbytes)
             h = None
             if why is not None:
                 try:
@@ -1125,6 +1297,8 @@ class ActivationSwapper:
             if h is None:
                 self.c["kept_count"] += 1
                 self.c["kept_bytes"] += nbytes
+                if eligible and st.index is not None:
+                    h = self._keep_evictable(t, nbytes)
             if cfg.dedupe:
                 # weak references only: an abandoned graph must free its buffers
                 self._dedupe[id(t)] = (weakref.ref(t), t._version,
@@ -1135,30 +1309,30 @@ class ActivationSwapper:
 
     def _decide(self, st: _DevState, t: torch.Tensor, nbytes: int) -> tuple:
         """(why it is swapped: None (kept), "always", "plan" or "pressure"; wait for
-        earlier copies if too many are in flight?)"""
+        earlier copies if too many are in flight?; could it be swapped at all?)"""
         cfg = self.config
         saved_before = st.saved
         st.saved += nbytes
         if not _dense_span(t):
             self.c["not_dense_kept"] += 1
-            return None, False
+            return None, False, False
         try:
             storage_bytes = t.untyped_storage().nbytes()
         except Exception:
-            return None, False
+            return None, False, False
         if storage_bytes and nbytes < cfg.min_storage_fraction * storage_bytes:
             # a small view of a big storage: swapping it would not free the storage
             self.c["partial_view_kept"] += 1
-            return None, False
+            return None, False, False
         if cfg.policy == "always":
-            return "always", True
+            return "always", True, True
         tail = in_tail(saved_before, nbytes, st.prev_saved, st.largest)
         pressure = self._pressure(st, nbytes, tail)
         if st.planned < st.plan:
-            return "plan", pressure
+            return "plan", pressure, True
         if pressure:
-            return "pressure", True
-        return None, False
+            return "pressure", True, True
+        return None, False, True
 
     def _pressure(self, st: _DevState, nbytes: int, tail: bool = False) -> bool:
         """Whether the device allocation (which includes the tensor being saved) is over
@@ -1199,6 +1373,34 @@ class ActivationSwapper:
                 return False
         return True
 
+    def _keep_evictable(self, t: torch.Tensor, nbytes: int) -> Optional[_Swapped]:
+        """A handle for a tensor that stays on the device, registered with the eviction
+        net (which may move it to host memory if the device runs out); None without the
+        net (autograd then holds the tensor itself, as stock)."""
+        guard = self._guard()
+        if guard is None:
+            return None
+        h = _Swapped()
+        h.owner = self
+        h.slot = guard.Slot(t)
+        h.nbytes = nbytes
+        h.size = t.size()
+        h.stride = t.stride()
+        h.dtype = t.dtype
+        h.device = t.device
+        h.host = None
+        h.d2h_event = None
+        h.gpu = None
+        h.gpu_stream = None
+        h.h2d_event = None
+        h.refs = 1
+        h.unpacks = 0
+        h.pass_id = -1
+        h.index = None
+        h.version = t._version
+        h.orig = weakref.ref(t)
+        return h
+
     def _may_keep(self, st: _DevState, why: str, nbytes: int) -> bool:
         """Whether a tensor that found no swap space may stay on the device: not under
         ``policy="always"``, and only while the device allocation, with as much again
@@ -1212,6 +1414,7 @@ class ActivationSwapper:
         host = self.pool.alloc(nbytes)  # may raise LMSHostMemoryError
         h = _Swapped()
         h.owner = self  # from here on, dropping h returns the host buffer
+        h.slot = None
         h.d2h_event = None
         h.nbytes = nbytes
         h.size = t.size()
@@ -1274,31 +1477,40 @@ class ActivationSwapper:
             st.inflight_bytes -= n
 
     # -- unpack ----------------------------------------------------------------------
+    def _unpack_kept(self, device: torch.device) -> None:
+        """Backward unpacks a tensor that stayed on the device."""
+        if self._phase == "fwd":
+            with self._lock:
+                if self._phase == "fwd":
+                    self._begin_backward()
+        if self._prefetch_pending:
+            # backward is still in the part it kept on the device: use the time to
+            # bring back the first swapped tensors it will need
+            self._kept_unpacks += 1
+            if self._kept_unpacks % 4 == 0 and self.config.prefetch_depth > 0:
+                with self._lock:
+                    st = self._dev.get(device.index if device.type == "cuda" else None)
+                    if st is not None and st.order:
+                        self._prefetch(st, st.cursor, device)
+
     def _unpack(self, packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Swapped):
-            if self._phase == "fwd":
-                with self._lock:
-                    if self._phase == "fwd":
-                        self._begin_backward()
-            if self._prefetch_pending:
-                # backward is still in the part it kept on the device: use the time to
-                # bring back the first swapped tensors it will need
-                self._kept_unpacks += 1
-                if self._kept_unpacks % 4 == 0 and self.config.prefetch_depth > 0:
-                    with self._lock:
-                        st = self._dev.get(packed.device.index
-                                           if packed.device.type == "cuda" else None)
-                        if st is not None and st.order:
-                            self._prefetch(st, st.cursor, packed.device)
+            self._unpack_kept(packed.device)
             return packed
         h = packed
+        if h.slot is not None:
+            t = h.slot.device_tensor()
+            if t is not None:  # still on the device (the net did not need it)
+                self._unpack_kept(h.device)
+                _check_version(h)
+                return t
         with self._lock:
             if self._phase == "fwd":
                 self._begin_backward()
             st = self._dev[h.device.index if h.device.type == "cuda" else None]
             if h.gpu is None:
                 t = self._fetch(st, h)
-                self.c["fetched_on_demand"] += 1
+                self.c["fetched_on_demand" if h.slot is None else "guard_fetched"] += 1
             else:
                 t = h.gpu
                 self.c["prefetch_hits"] += 1
@@ -1313,20 +1525,14 @@ class ActivationSwapper:
                 cur.wait_event(h.h2d_event)
                 if h.gpu_stream != cur:
                     t.record_stream(cur)
-            if h.index < st.cursor:
-                st.cursor = h.index
-            if self.config.prefetch_depth > 0:
-                self._prefetch(st, h.index, h.device)
+            if h.index is not None:  # (an evicted slot is not in the swap order)
+                if h.index < st.cursor:
+                    st.cursor = h.index
+                if self.config.prefetch_depth > 0:
+                    self._prefetch(st, h.index, h.device)
             if self.config.trace:
                 self._record_trace(st, "in")
-        orig = h.orig()
-        if orig is not None and orig._version != h.version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified "
-                f"by an inplace operation: [{h.dtype} {list(h.size)}] is at version "
-                f"{orig._version}; expected version {h.version} instead (the tensor was "
-                "swapped out by LMS activation swapping when it was saved)."
-            )
+        _check_version(h)
         return t
 
     def _fetch(self, st: _DevState, h: _Swapped) -> torch.Tensor:
@@ -1346,10 +1552,14 @@ class ActivationSwapper:
             dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
         # dst may reuse memory that work queued on `cur` still reads
         st.h2d.wait_stream(cur)
-        st.h2d.wait_event(h.d2h_event)
+        if h.d2h_event is not None:
+            st.h2d.wait_event(h.d2h_event)
+        # a slot the net evicted: its bytes are in pageable memory, and the net's copy
+        # had finished before it freed the device memory
+        src = h.host if h.slot is None else h.slot.host_bytes()
         with torch.cuda.stream(st.h2d):
             dst.as_strided((dst.numel(),), (1,), 0).view(torch.uint8).copy_(
-                h.host, non_blocking=True)
+                src, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(st.h2d)
         dst.record_stream(st.h2d)

@@ -1,0 +1,352 @@
+// The activation layer's net under the CUDA caching allocator (built on first use by
+// torch/cuda/lms_swap.py with torch.utils.cpp_extension; any PyTorch >= 2.4).
+//
+// lms_swap decides from a forecast which saved activations go to host memory.  A wrong
+// forecast must cost speed, never the job.  Every saved activation the policy keeps on
+// the device is registered here as a Slot.  When the caching allocator cannot serve a
+// request (it has already released its cache and raises OutOfMemoryError), the net
+// copies slots to host memory, earliest saved first (backward needs them last), frees
+// their device memory, and asks the allocator again, until the request is served or no
+// slot is left to move; only then does the error reach the program.  lms_swap brings an
+// evicted slot back when backward unpacks it.
+//
+// How the net sees the failing request: the allocator object's `allocate` entry is
+// redirected, in a private copy of its virtual table, to a function that calls the
+// original and catches its OutOfMemoryError (exact size, after the allocator's own
+// retries, with no allocator lock held).  Nothing else of the allocator changes.
+//
+// Invariants:
+// - Only a slot whose storage nobody else references is evicted (use_count 1): no tensor
+//   of the program can still reach those bytes.  The copy runs on the current stream of
+//   the allocating thread after the work queued there, into pageable host memory, and
+//   has finished before the device memory is freed.
+// - Nothing here calls into Python or takes the GIL.  No tensor is destroyed while mu_
+//   is held (destroying a device tensor enters the allocator).
+// - Host bytes taken here count against the same host limit as lms_swap's pinned pool
+//   (set_host_budget), and the machine keeps min_available bytes available.
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+struct HostBuffer {
+  void* ptr = nullptr;
+  size_t nbytes = 0;
+};
+
+std::atomic<int64_t> g_host_bytes{0};
+std::atomic<int64_t> g_resident{0};  // slots holding device memory
+
+void host_free(void* p, size_t n) {
+  if (p != nullptr) {
+    munmap(p, n);
+    g_host_bytes -= static_cast<int64_t>(n);
+  }
+}
+
+struct Slot {
+  at::Tensor dev;          // while resident
+  HostBuffer host;         // after an eviction
+  int64_t nbytes = 0;
+  int device = -1;
+  bool evicted = false;
+  ~Slot() {
+    if (!evicted) g_resident--;
+    host_free(host.ptr, host.nbytes);
+  }
+};
+
+int64_t mem_available() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kb = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+class Guard {
+ public:
+  static Guard& get() {
+    static Guard* g = new Guard();  // never destroyed: the allocator may call late
+    return *g;
+  }
+
+  void add(const std::shared_ptr<Slot>& s) {
+    std::vector<std::shared_ptr<Slot>> hold;  // released after mu_
+    std::lock_guard<std::mutex> lk(mu_);
+    slots_.push_back(s);
+    if (slots_.size() > 2 * live_hint_ + 1024) compact_locked(hold);
+  }
+
+  void arm(bool on) { armed_ = on; }
+  bool armed() const { return armed_; }
+  void set_host_budget(int64_t limit, int64_t other, int64_t min_available) {
+    host_limit_ = limit;
+    host_other_ = other;
+    min_available_ = min_available;
+  }
+
+  // An allocation of `n` bytes on `device` failed: make room and say whether to retry.
+  bool on_oom(int device, size_t n) {
+    if (!armed_ || g_resident.load() == 0) return false;
+    ooms_++;
+    // a little more than asked: the allocator maps whole pages, and what is freed may
+    // not lie in one piece
+    const int64_t need = static_cast<int64_t>(n) + (64 << 20);
+    return evict(device, need) > 0;
+  }
+
+  // Evicts slots on `device`, earliest registered first, until `need` bytes were freed
+  // or nothing more can go.  Returns the bytes freed.
+  int64_t evict(int device, int64_t need) {
+    std::vector<at::Tensor> to_free;             // destroyed after mu_ is released
+    std::vector<std::shared_ptr<Slot>> hold;     // (a slot may lose its last owner
+    int64_t freed = 0;                           //  meanwhile)
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+      for (auto it = slots_.begin(); it != slots_.end() && freed < need; ++it) {
+        auto s = it->lock();
+        if (s) hold.push_back(s);
+        if (!s || s->evicted || s->device != device || !s->dev.defined()) continue;
+        if (s->dev.storage().use_count() != 1) {
+          shared_++;
+          continue;
+        }
+        const size_t n = static_cast<size_t>(s->nbytes);
+        if (host_limit_ >= 0 &&
+            g_host_bytes.load() + host_other_.load() + static_cast<int64_t>(n) > host_limit_) {
+          host_refused_++;
+          break;
+        }
+        int64_t avail = mem_available();
+        if (avail >= 0 && avail - static_cast<int64_t>(n) < min_available_) {
+          host_refused_++;
+          break;
+        }
+        void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+          host_refused_++;
+          break;
+        }
+        g_host_bytes += static_cast<int64_t>(n);
+        // ordered after the work queued on this stream; a copy into pageable memory
+        // returns once it has finished (synchronised below all the same)
+        cudaError_t err = cudaMemcpyAsync(p, s->dev.data_ptr(), n, cudaMemcpyDeviceToHost, stream);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          host_free(p, n);
+          failed_++;
+          break;
+        }
+        s->host = HostBuffer{p, n};
+        s->evicted = true;
+        g_resident--;
+        to_free.push_back(std::move(s->dev));
+        s->dev = at::Tensor();
+        freed += static_cast<int64_t>(n);
+        evicted_count_++;
+        evicted_bytes_ += static_cast<int64_t>(n);
+      }
+    }
+    to_free.clear();  // frees device memory: re-enters the allocator (same thread)
+    hold.clear();
+    return freed;
+  }
+
+  py::dict stats() {
+    py::dict d;
+    d["armed"] = armed_.load();
+    d["ooms_caught"] = ooms_.load();
+    d["retries_served"] = served_.load();
+    d["evicted_count"] = evicted_count_.load();
+    d["evicted_bytes"] = evicted_bytes_.load();
+    d["shared_skipped"] = shared_.load();
+    d["host_refused"] = host_refused_.load();
+    d["copy_failed"] = failed_.load();
+    d["host_bytes"] = g_host_bytes.load();
+    d["resident"] = g_resident.load();
+    std::vector<std::shared_ptr<Slot>> hold;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      compact_locked(hold);
+      d["slots"] = static_cast<int64_t>(slots_.size());
+    }
+    return d;
+  }
+
+ private:
+  // Drops expired and evicted entries; `hold` keeps the slots it looked at alive
+  // until the caller has released mu_.
+  void compact_locked(std::vector<std::shared_ptr<Slot>>& hold) {
+    std::deque<std::weak_ptr<Slot>> keep;
+    for (auto& w : slots_) {
+      auto s = w.lock();
+      if (!s) continue;
+      hold.push_back(s);
+      if (!s->evicted && s->dev.defined()) keep.push_back(w);
+    }
+    slots_.swap(keep);
+    live_hint_ = slots_.size();
+  }
+
+  std::mutex mu_;
+  std::deque<std::weak_ptr<Slot>> slots_;
+  size_t live_hint_ = 0;
+  std::atomic<bool> armed_{false};
+  std::atomic<int64_t> host_limit_{-1};
+  std::atomic<int64_t> host_other_{0};
+  std::atomic<int64_t> min_available_{0};
+  std::atomic<int64_t> ooms_{0}, evicted_count_{0}, evicted_bytes_{0}, shared_{0},
+      host_refused_{0}, failed_{0};
+
+ public:
+  std::atomic<int64_t> served_{0};
+};
+
+// ---- the allocator's `allocate`, redirected -----------------------------------------
+using AllocateFn = c10::DataPtr (*)(c10::Allocator*, size_t);
+AllocateFn g_allocate = nullptr;   // the allocator's own
+std::vector<void*> g_vtable;       // the private copy of its virtual table
+
+// Itanium C++ ABI: a member function is called with the hidden return-slot pointer first
+// and `this` second, exactly as this free function with `self` first is.
+std::atomic<int64_t> g_allocations{0};
+
+c10::DataPtr guarded_allocate(c10::Allocator* self, size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  for (int attempt = 0;; ++attempt) {
+    try {
+      c10::DataPtr p = g_allocate(self, n);
+      if (attempt > 0) Guard::get().served_++;
+      return p;
+    } catch (const c10::OutOfMemoryError&) {
+      if (attempt >= 16 || !Guard::get().on_oom(c10::cuda::current_device(), n)) throw;
+    }
+  }
+}
+
+// The slot of c10::Allocator::allocate in a virtual table (Itanium ABI member pointer).
+size_t allocate_slot() {
+  auto pmf = &c10::Allocator::allocate;
+  struct {
+    uintptr_t ptr;
+    ptrdiff_t adj;
+  } raw{};
+  static_assert(sizeof(pmf) == sizeof(raw), "unexpected member pointer layout");
+  std::memcpy(&raw, &pmf, sizeof raw);
+#if defined(__aarch64__) || defined(__arm__)
+  TORCH_CHECK(raw.adj & 1, "LMS guard: allocate is not virtual");
+  return raw.ptr / sizeof(void*);
+#else
+  TORCH_CHECK((raw.ptr & 1) && raw.adj == 0, "LMS guard: allocate is not virtual");
+  return (raw.ptr - 1) / sizeof(void*);
+#endif
+}
+
+// Bytes readable from `p` on in its mapping (bounds the copy of the virtual table).
+size_t readable_from(const void* p) {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  TORCH_CHECK(f != nullptr, "LMS guard: cannot read /proc/self/maps");
+  uintptr_t a = reinterpret_cast<uintptr_t>(p), lo = 0, hi = 0;
+  char perms[8];
+  size_t out = 0;
+  while (std::fscanf(f, "%lx-%lx %7s %*[^\n]", &lo, &hi, perms) == 3) {
+    if (a >= lo && a < hi && perms[0] == 'r') {
+      out = hi - a;
+      break;
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
+void redirect_allocate() {
+  c10::Allocator* alloc = c10::cuda::CUDACachingAllocator::get();
+  TORCH_CHECK(alloc != nullptr, "LMS guard: no CUDA caching allocator");
+  void** vtable = *reinterpret_cast<void***>(alloc);
+  const size_t slot = allocate_slot();
+  // entries from offset-to-top and typeinfo (two before the address point) on
+  const size_t avail = readable_from(vtable - 2) / sizeof(void*);
+  const size_t count = std::min<size_t>(avail, 2 + 1024);
+  TORCH_CHECK(count > 2 + slot, "LMS guard: virtual table too short");
+  g_vtable.assign(vtable - 2, vtable - 2 + count);
+  g_allocate = reinterpret_cast<AllocateFn>(g_vtable[2 + slot]);
+  g_vtable[2 + slot] = reinterpret_cast<void*>(&guarded_allocate);
+  // one aligned pointer store: callers see the old table or the new one, both valid
+  __atomic_store_n(reinterpret_cast<void***>(alloc), g_vtable.data() + 2, __ATOMIC_RELEASE);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "lms_swap's eviction net under the CUDA caching allocator";
+  py::class_<Slot, std::shared_ptr<Slot>>(m, "Slot")
+      .def(py::init([](const at::Tensor& t) {
+             TORCH_CHECK(t.is_cuda(), "Slot: a CUDA tensor");
+             auto s = std::make_shared<Slot>();
+             // an alias with no autograd history and no Python object: detach()
+             // would be a view that keeps `t` (and so the storage) alive, and
+             // destroying a tensor with a Python object needs the GIL
+             s->dev = t.variable_data();
+             s->nbytes = static_cast<int64_t>(t.numel()) * t.element_size();
+             s->device = t.get_device();
+             g_resident++;
+             Guard::get().add(s);
+             return s;
+           }),
+           "keep `t` (dense: its bytes are [data_ptr, data_ptr + nbytes)) evictable")
+      .def_property_readonly("evicted", [](const Slot& s) { return s.evicted; })
+      .def_property_readonly("nbytes", [](const Slot& s) { return s.nbytes; })
+      .def("device_tensor", [](const Slot& s) -> py::object {
+             if (s.evicted || !s.dev.defined()) return py::none();
+             return py::cast(s.dev.variable_data());  // s.dev stays Python-free
+           })
+      .def("host_bytes", [](std::shared_ptr<Slot> s) -> py::object {
+             // a uint8 CPU tensor over the evicted bytes; keeps the slot alive
+             if (!s->evicted) return py::none();
+             auto keep = s;
+             auto t = torch::from_blob(
+                 s->host.ptr, {s->nbytes}, [keep](void*) {},
+                 torch::TensorOptions().dtype(torch::kUInt8));
+             return py::cast(t);
+           });
+  m.def("arm", [](bool on) {
+    static std::once_flag redirected;
+    std::call_once(redirected, redirect_allocate);
+    Guard::get().arm(on);
+  });
+  m.def("armed", []() { return Guard::get().armed(); });
+  m.def("set_host_budget", [](int64_t limit, int64_t other, int64_t min_available) {
+    Guard::get().set_host_budget(limit, other, min_available);
+  });
+  m.def("host_bytes", []() { return g_host_bytes.load(); });
+  m.def("evict", [](int device, int64_t need) {
+    py::gil_scoped_release nogil;
+    return Guard::get().evict(device, need);
+  }, "evict slots of `device` until `need` bytes were freed (tests and diagnostics)");
+  m.def("stats", []() {
+    py::dict d = Guard::get().stats();
+    d["allocations_seen"] = g_allocations.load();
+    return d;
+  });
+}

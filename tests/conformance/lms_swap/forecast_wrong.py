@@ -1,0 +1,104 @@
+"""A training job whose memory forecast is wrong on purpose (run by test_lms_swap_guard.py).
+
+    python forecast_wrong.py MODE   (MODE: stock | noguard | guard)
+
+An MLP trains 8 SGD steps.  At the end of forward, where the step's memory peaks, the
+model makes a transient (a concatenation of copies of its output, dropped at once); from
+step 5 on it is 3x what it was while the policy settled (1.5 GiB instead of 512 MiB).
+Ballast leaves the device room for a normal step and 256 MiB more, so that step is more
+than the device holds.
+The swapping policy is told the device is twice its size (``device_limit``), so it never
+swaps: whatever saves the step is the eviction net.  First, with the device to itself, a
+reference run records every loss and the final weights; the run under ballast must match
+it bit for bit.  Prints one JSON line.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+
+import torch
+
+GiB = 1 << 30
+REPO = pathlib.Path(__file__).resolve().parents[3]
+N, H, LAYERS, STEPS, JUMP_AT = 16384, 4096, 8, 8, 5
+
+
+def load_lms_swap():
+    spec = importlib.util.spec_from_file_location(
+        "lms_swap", REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["lms_swap"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def model():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(H, H), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers).cuda()
+
+
+def train(net, x, ctx=None, jump=True):
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    losses = []
+    for step in range(STEPS):
+        train.step = step + 1
+        k = 6 if (jump and step + 1 >= JUMP_AT) else 2
+        opt.zero_grad(set_to_none=True)
+        if ctx is not None:
+            ctx.__enter__()
+        h = x
+        for i, layer in enumerate(net):
+            h = layer(h)
+            if i == 2 * LAYERS - 1:
+                # the transient: k copies, one kept (every k gives the same values)
+                h = torch.cat([h] * k).view(k, N, H)[0].clone()
+        loss = h.float().pow(2).mean()
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    return losses, [p.detach().clone() for p in net.parameters()]
+
+
+def main(mode: str) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(N, H, device="cuda", generator=g)
+    ref_losses, ref_params = train(model(), x, jump=False)
+    ref_params = [p.cpu() for p in ref_params]
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    train(model(), x, jump=False)             # one normal run, to measure its peak
+    need = torch.cuda.max_memory_allocated() - base
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    ballast = torch.empty(free - need - GiB // 4, dtype=torch.uint8, device="cuda")
+    out = {"mode": mode, "normal_peak_gib": need / GiB, "ballast_gib": ballast.numel() / GiB}
+    ctx = None
+    if mode != "stock":
+        lms = load_lms_swap()
+        ctx = lms.ActivationSwapper(device_limit=2 * total, guard=(mode == "guard"))
+    try:
+        losses, params = train(model(), x, ctx)
+        out["result"] = "trained"
+        out["bitwise_equal"] = (losses == ref_losses and all(
+            torch.equal(p.cpu(), q) for p, q in zip(params, ref_params)))
+    except torch.OutOfMemoryError as e:
+        out.update(result="oom", oom_step=train.step, error=str(e).splitlines()[0][:200])
+    if ctx is not None:
+        out["stats"] = {k: v for k, v in ctx.stats().items() if k.startswith(("guard.", "swap."))}
+    return out
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    print(json.dumps(main(sys.argv[1])), flush=True)
