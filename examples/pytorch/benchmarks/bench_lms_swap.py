@@ -37,6 +37,9 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
+sys.path.insert(0, str(HERE))         # zoo
+
+import zoo  # noqa: E402  (the models: unmodified library code)
 
 D2H_BPS = 54e9   # FACTS.md, device -> pinned host
 H2D_BPS = 53e9   # FACTS.md, pinned host -> device
@@ -51,20 +54,8 @@ def build(model_name, batch, args):
     import torch.nn.functional as F
 
     dev = "cuda"
-    if model_name == "resnet50":
-        import torchvision
-        torch.manual_seed(0)
-        model = torchvision.models.resnet50().to(dev).to(memory_format=torch.channels_last)
-        g = torch.Generator(device=dev).manual_seed(0)
-        x = torch.randn(batch, 3, args.image_size, args.image_size, device=dev, generator=g)
-        x = x.contiguous(memory_format=torch.channels_last)
-        y = torch.randint(0, 1000, (batch,), device=dev, generator=g)
-
-        def loss_fn():
-            return F.cross_entropy(model(x), y)
-
-        return model, loss_fn, batch, "img/s"
-
+    if model_name in zoo.MODELS:
+        return zoo.build(model_name, batch)
     if model_name == "gpt2":
         d, L, H, V, T = 768, 12, 12, 50257, args.seq_len
 
@@ -100,9 +91,8 @@ def build(model_name, batch, args):
                 for b in self.blocks:
                     x = b(x)
                 x = self.ln(x)
-                # the loss over sequence chunks (as large-vocabulary trainers do): the
-                # fp32 logits of one chunk exist at a time instead of one [B, T, V] tensor
-                # that no saved-tensor hook could move (it is not saved for backward)
+                # --loss-chunk N computes the loss over sequence chunks (runs 19-37 did,
+                # with 512); the default, 0, is the plain loss over the whole sequence
                 chunk = chunk or x.shape[1]
                 total = x.new_zeros((), dtype=torch.float32)
                 for xs, ts in zip(x.split(chunk, 1), targets.split(chunk, 1)):
@@ -148,6 +138,13 @@ def parse_lms_options(options):
     return kw
 
 
+def make_optimizer(model, name):
+    import torch
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+
 def child(args):
     import torch
 
@@ -172,7 +169,7 @@ def child(args):
 
     try:
         model, loss_fn, units, unit_name = build(args.model, args.batch, args)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        opt = make_optimizer(model, args.optimizer)
 
         def step():
             opt.zero_grad(set_to_none=True)
@@ -193,6 +190,7 @@ def child(args):
             if lms:
                 st = lms.stats()
                 for k in ("swap.out_bytes", "swap.in_bytes", "swap.fetched_on_demand",
+                          "guard.evicted_bytes", "swap.guard_fetched",
                           "swap.prefetched", "swap.planned_count", "swap.reactive_count",
                           "swap.throttle_wait_ms", "swap.tail_kept", "swap.predicted_kept",
                           "swap.host_full_kept", "host.reserved_bytes", "host.pin_ms",
@@ -316,10 +314,13 @@ def run_child(argv, timeout, guard_bytes, log):
 
 
 def search_max_batch(model, args, log, lo, hi):
-    """Largest batch in [lo, hi) that stock trains (two steps), found in one child."""
+    """Largest batch in [lo, hi) that stock trains (four steps: the optimizer's state
+    exists from the first, and the caching allocator's layout has settled by the
+    fourth), found in one child."""
     argv = ["--model", model, "--search", str(lo), str(hi), "--seq-len", str(args.seq_len),
-            "--image-size", str(args.image_size), "--loss-chunk", str(args.loss_chunk)]
-    r = run_child(argv, args.timeout, int(args.host_guard_gib * GiB), log)
+            "--image-size", str(args.image_size), "--loss-chunk", str(args.loss_chunk),
+            "--optimizer", args.optimizer]
+    r = run_child(argv, args.search_timeout, int(args.host_guard_gib * GiB), log)
     return r.get("max_batch")
 
 
@@ -331,8 +332,8 @@ def child_search(args):
     def fits(b):
         try:
             model, loss_fn, _, _ = build(args.model, b, args)
-            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-            for _ in range(2):
+            opt = make_optimizer(model, args.optimizer)
+            for _ in range(4):
                 opt.zero_grad(set_to_none=True)
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     loss = loss_fn()
@@ -373,23 +374,30 @@ def main():
     ap.add_argument("--mode", choices=["stock", "save_on_cpu", "lms"])
     ap.add_argument("--batch", type=int)
     ap.add_argument("--model", default="resnet50")
-    ap.add_argument("--models", nargs="+", default=["resnet50", "gpt2"])
+    ap.add_argument("--models", nargs="+", default=list(zoo.MODELS),
+                    help=f"zoo models ({', '.join(zoo.MODELS)}) or gpt2 (the runs 19-37 decoder)")
     ap.add_argument("--modes", nargs="+", default=["stock", "save_on_cpu", "lms"])
-    ap.add_argument("--scales", type=float, nargs="+", default=[0.5, 1.0, 1.25, 1.5, 2.0])
-    ap.add_argument("--gpt2-scales", type=float, nargs="+", default=[1.0, 1.5, 2.0])
-    ap.add_argument("--resnet-batch", type=int, default=450,
-                    help="largest batch stock fits for ResNet-50 (FACTS.md: 450 on the H100; 0 = search)")
+    ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 1.5, 2.0])
+    ap.add_argument("--baseline-scales", type=float, nargs="+", default=[1.0],
+                    help="scales at which stock and save_on_cpu run (stock does not fit above "
+                         "1.0x by the search; save_on_cpu was killed by host memory at 1.0x)")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                    help="the same for every model (runs 19-37: sgd with momentum)")
+    ap.add_argument("--base-batch", action="append", default=[], metavar="MODEL=N",
+                    help="stock's largest batch for MODEL, found earlier (default: searched)")
+    ap.add_argument("--resnet-batch", type=int, default=0,
+                    help="largest batch stock fits for resnet50 (0 = search)")
     ap.add_argument("--gpt2-batch", type=int, default=0, help="same for gpt2 (0 = search)")
     ap.add_argument("--gpt2-search", type=int, nargs=2, default=[8, 64], metavar=("LO", "HI"),
                     help="gpt2 batch search range: LO must fit, HI must not (default 8 64)")
     ap.add_argument("--image-size", type=int, default=448)
     ap.add_argument("--seq-len", type=int, default=4096)
-    ap.add_argument("--loss-chunk", type=int, default=512,
+    ap.add_argument("--loss-chunk", type=int, default=0,
                     help="gpt2: tokens per chunk of the loss (0 = the whole sequence at once)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--alloc-conf", default="expandable_segments:True",
                     help="PYTORCH_CUDA_ALLOC_CONF for all modes alike ('' = PyTorch's default)")
-    ap.add_argument("--steps", type=int, default=4, help="timed steps, at least")
+    ap.add_argument("--steps", type=int, default=14, help="timed steps, at least")
     ap.add_argument("--min-seconds", type=float, default=0.0,
                     help="time steps until this many seconds have passed as well (the "
                          "caching allocator's layout may take ~15 steps to settle)")
@@ -398,6 +406,8 @@ def main():
                     help="an lms_swap tunable for the lms mode (repeatable), e.g. "
                          "device_limit_fraction=0.95")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
+    ap.add_argument("--search-timeout", type=float, default=300.0,
+                    help="seconds for one model's batch search")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
     ap.add_argument("--out", default=str(HERE / "results"))
@@ -416,19 +426,23 @@ def main():
     log = open(out / "bench_log.txt", "w")
     results = []
     cmd = " ".join([os.path.basename(sys.executable)] + [str(pathlib.Path(a)) for a in sys.argv])
+    given = {k: int(v) for k, _, v in (b.partition("=") for b in args.base_batch)}
     for model in args.models:
-        base = args.resnet_batch if model == "resnet50" else args.gpt2_batch
+        base = given.get(model) or (args.resnet_batch if model == "resnet50" else
+                                    args.gpt2_batch if model == "gpt2" else 0)
         if not base:
-            lo, hi = (64, 1024) if model == "resnet50" else tuple(args.gpt2_search)
+            lo, hi = zoo.SEARCH.get(model) or tuple(args.gpt2_search)
             base = search_max_batch(model, args, log, lo, hi)
             print(f"[{model}] largest stock batch: {base}", flush=True)
             if not base:
                 continue
         stock_rate = None
         dead = {}  # mode -> reason it failed at a smaller batch
-        for scale in (args.gpt2_scales if model == "gpt2" else args.scales):
+        for scale in args.scales:
             batch = max(1, int(round(base * scale)))
             for mode in args.modes:
+                if mode != "lms" and scale not in args.baseline_scales:
+                    continue
                 elapsed = time.perf_counter() - t_begin
                 row = {"model": model, "scale": scale, "batch": batch, "mode": mode}
                 if mode in dead:
@@ -440,7 +454,7 @@ def main():
                             "--warmup", str(args.warmup), "--steps", str(args.steps),
                             "--min-seconds", str(args.min_seconds),
                             "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
-                            "--loss-chunk", str(args.loss_chunk)]
+                            "--loss-chunk", str(args.loss_chunk), "--optimizer", args.optimizer]
                     if args.prefetch_depth is not None:
                         argv += ["--prefetch-depth", str(args.prefetch_depth)]
                     for opt in args.lms_option:
@@ -487,9 +501,9 @@ def write_markdown(path, cmd, results, args):
     lines = [
         "# LMS activation swapping: benchmark results", "",
         f"Command: `{cmd}`", "",
-        "bf16 autocast, SGD(momentum); ResNet-50 channels_last at "
-        f"{args.image_size}x{args.image_size}; gpt2 = 12 layers, d=768, 12 heads, seq {args.seq_len}, "
-        f"SDPA attention, fp32 loss in chunks of {args.loss_chunk or args.seq_len} tokens. "
+        f"bf16 autocast, {args.optimizer}, the models of zoo.py as their libraries build them "
+        f"(gpt2: 12 layers, d=768, 12 heads, seq {args.seq_len}, fp32 loss over "
+        f"{args.loss_chunk or args.seq_len} tokens at a time). "
         f"PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf or '(default)'} for every mode. "
         f"{args.warmup} warm-up steps, then {args.steps} timed steps (synchronized)"
         + (f" or more, until {args.min_seconds:g} s have passed. " if args.min_seconds else ". ") +
