@@ -17,7 +17,7 @@ set -euo pipefail
 
 SUITE=${LMS_CI_SUITE:-bookworm}
 BASE_PACKAGES="python3,python3-venv,python3-pip,make,gcc,g++,git,ca-certificates"
-top=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
+top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${LMS_CI_CACHE:-$HOME/.cache/lms-ci}
 say() { echo "[clean-root] $*"; }
 
