@@ -40,10 +40,6 @@ def test_the_jump_kills_a_job_without_the_net(cuda_only):
         assert out["result"] == "oom" and out["oom_step"] == 5, json.dumps(out)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "on the H100 (torch 2.11) the net catches the out-of-memory error but evicts nothing: "
-    "every kept tensor's storage still has a second owner (guard.shared_skipped); the "
-    "owner is not found yet"))
 def test_the_net_keeps_a_wrong_forecast_training_bitwise(cuda_only):
     out = _run("guard")
     assert out["result"] == "trained", json.dumps(out)

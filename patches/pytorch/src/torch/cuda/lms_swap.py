@@ -98,12 +98,14 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     the pool does not grow when the machine would be left with less available memory
     than this (default max(2 GiB, 5% of RAM)).
 ``guard``
-    (default False, experimental) register every tensor the policy keeps on the device
-    with the eviction net (``lms_swap_guard.cpp``, compiled on first use): when the
-    caching allocator raises out-of-memory, the net copies kept tensors to host memory,
-    earliest saved first, and retries the allocation.  On the H100 it catches the error
-    but has not yet freed memory (every kept tensor's storage still had a second owner),
-    so it is off until that is found; :func:`stats` reports it as ``guard.*``.
+    (default True) register every tensor the policy keeps on the device with the
+    eviction net (``lms_swap_guard.cpp``, compiled once on first use; without a C++
+    compiler or CUDA headers swapping runs without it and warns): when the caching
+    allocator raises out-of-memory, the net copies kept tensors to host memory, earliest
+    saved first, frees them and retries the allocation, so a wrong forecast costs a
+    round trip instead of the job.  What it did is in :func:`stats` (``guard.*``,
+    ``swap.guard_*``) and is learned from: evictions in forward raise the next plan,
+    evictions in backward the margin.
 ``trace``
     record ``(time, event, device bytes allocated, host bytes in use)`` per pack and
     unpack into :func:`trace` (costs a memory query per event).
@@ -659,7 +661,7 @@ class SwapConfig:
         "dedupe": True,
         "min_storage_fraction": 0.5,
         "trace": False,
-        "guard": False,
+        "guard": True,
         "device_type": "cuda",
     }
 
@@ -724,6 +726,17 @@ def _dense_span(t: torch.Tensor) -> bool:
             return False
         expected *= sz
     return True
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    """Bytes of the storage under ``t``, as the elements of the tensor that owns it
+    (``t`` itself, or the base of a view).  Not ``t.untyped_storage().nbytes()``: on
+    torch 2.11 the Python storage object that call makes stays attached to the storage
+    as a second owner for as long as the storage lives, and the eviction net moves only
+    tensors whose storage has no other owner (measured on the H100: every kept tensor
+    was skipped)."""
+    root = t._base if t._base is not None else t
+    return root.numel() * root.element_size()
 
 
 def swap_trigger(device_limit: int, margin: int) -> int:
@@ -1316,10 +1329,7 @@ class ActivationSwapper:
         if not _dense_span(t):
             self.c["not_dense_kept"] += 1
             return None, False, False
-        try:
-            storage_bytes = t.untyped_storage().nbytes()
-        except Exception:
-            return None, False, False
+        storage_bytes = _storage_bytes(t)
         if storage_bytes and nbytes < cfg.min_storage_fraction * storage_bytes:
             # a small view of a big storage: swapping it would not free the storage
             self.c["partial_view_kept"] += 1

@@ -317,6 +317,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "keep `t` (dense: its bytes are [data_ptr, data_ptr + nbytes)) evictable")
       .def_property_readonly("evicted", [](const Slot& s) { return s.evicted; })
       .def_property_readonly("nbytes", [](const Slot& s) { return s.nbytes; })
+      .def_property_readonly("owners", [](const Slot& s) -> int64_t {
+             // owners of the storage (1: only this slot; what the net requires to evict)
+             return s.dev.defined() ? static_cast<int64_t>(s.dev.storage().use_count()) : 0;
+           })
       .def("device_tensor", [](const Slot& s) -> py::object {
              if (s.evicted || !s.dev.defined()) return py::none();
              return py::cast(s.dev.variable_data());  // s.dev stays Python-free
