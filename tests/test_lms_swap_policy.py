@@ -505,3 +505,18 @@ def test_pool_limit_counts_host_memory_held_elsewhere(m):
         pool.alloc(1 * MiB)
     held["n"] = 0
     pool.alloc(1 * MiB)
+
+
+def test_eviction_net_without_cuda_warns_and_swapping_goes_on(m, monkeypatch):
+    """Where the net cannot be built (here: no CUDA) swapping runs on its forecast alone,
+    says so once, and reports the net inactive; ``required=True`` raises instead."""
+    monkeypatch.setattr(m, "_guard_state", {})
+    monkeypatch.setattr(m.torch.cuda, "is_available", lambda: False)
+    with pytest.warns(RuntimeWarning, match="eviction net not built"):
+        assert m.load_guard() is None
+    assert m.load_guard() is None            # decided once: no second warning, no rebuild
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        m.load_guard(required=True)
+    sw = cpu_swapper(m)
+    assert sw._guard() is None               # device_type="cpu": never asked for
+    assert sw.stats()["guard.active"] == 0

@@ -24,6 +24,10 @@ Compared with :class:`torch.autograd.graph.save_on_cpu` it
   for byte, so gradients are bitwise equal to a run without swapping);
 * copies a tensor that autograd saved twice (e.g. the output of an in-place ReLU that
   the next convolution saves as its input) only once;
+* keeps a net under its forecast: every tensor it leaves on the device stays evictable,
+  and when the caching allocator runs out of memory anyway (a transient larger than any
+  seen, a first step that needs 2x), the net moves those tensors to host memory and the
+  allocation is retried (``guard``, below); the next steps learn from what it moved;
 * uses an exact-size pool of pinned host buffers (no power-of-two rounding) under a host
   memory limit, and raises :class:`LMSHostMemoryError` (a ``torch.OutOfMemoryError``)
   before the machine runs out of memory; when swap space is full, a tensor stays on
