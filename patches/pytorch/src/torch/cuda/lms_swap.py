@@ -891,6 +891,21 @@ class _Swapped:
         "orig", "version", "pass_id", "slot", "__weakref__",
     )
 
+    @classmethod
+    def of(cls, owner: Any, t: torch.Tensor, nbytes: int, host: Optional[torch.Tensor] = None,
+           slot: Any = None) -> "_Swapped":
+        """The handle of ``t``: swapped to ``host``, or kept on the device in ``slot``."""
+        h = cls()
+        h.owner = owner  # from here on, dropping h returns the host buffer
+        h.host, h.slot = host, slot
+        h.nbytes = nbytes
+        h.size, h.stride, h.dtype, h.device = t.size(), t.stride(), t.dtype, t.device
+        h.d2h_event = h.gpu = h.gpu_stream = h.h2d_event = None
+        h.refs, h.unpacks, h.pass_id, h.index = 1, 0, -1, None
+        h.version = t._version
+        h.orig = weakref.ref(t)
+        return h
+
     def __del__(self) -> None:
         owner = self.owner
         if owner is not None and self.host is not None:
@@ -989,6 +1004,7 @@ class ActivationSwapper:
                 if self._pool is not None:
                     lim, minav = self._host_limits()
                     self._pool.limit, self._pool.min_available = lim, minav
+                    self._share_host_budget()
             for st in self._dev.values():
                 st.limit = None
                 if "margin" in kw:
@@ -1025,12 +1041,17 @@ class ActivationSwapper:
                         limit, pin=pin, min_available=minav,
                         reserve_fn=reserve, release_fn=release,
                         extra_fn=guard.host_bytes if guard is not None else None,
-                        on_change=((lambda r: guard.set_host_budget(limit, r, minav))
-                                   if guard is not None else None),
+                        on_change=(self._share_host_budget if guard is not None else None),
                     )
-                    if guard is not None:
-                        guard.set_host_budget(limit, 0, minav)
+                    self._share_host_budget()
         return self._pool
+
+    def _share_host_budget(self, _reserved: Optional[int] = None) -> None:
+        """Tells the eviction net (once loaded) the host limit and what the pinned pool
+        holds of it."""
+        guard, pool = _guard_state.get("module"), self._pool
+        if guard is not None and pool is not None and self.config.guard:
+            guard.set_host_budget(pool.limit, pool.reserved, pool.min_available)
 
     def _guard(self) -> Any:
         """The eviction net, armed, or None (``guard=False``, CPU, or not buildable)."""
@@ -1394,26 +1415,7 @@ class ActivationSwapper:
         guard = self._guard()
         if guard is None:
             return None
-        h = _Swapped()
-        h.owner = self
-        h.slot = guard.Slot(t)
-        h.nbytes = nbytes
-        h.size = t.size()
-        h.stride = t.stride()
-        h.dtype = t.dtype
-        h.device = t.device
-        h.host = None
-        h.d2h_event = None
-        h.gpu = None
-        h.gpu_stream = None
-        h.h2d_event = None
-        h.refs = 1
-        h.unpacks = 0
-        h.pass_id = -1
-        h.index = None
-        h.version = t._version
-        h.orig = weakref.ref(t)
-        return h
+        return _Swapped.of(self, t, nbytes, slot=guard.Slot(t))
 
     def _may_keep(self, st: _DevState, why: str, nbytes: int) -> bool:
         """Whether a tensor that found no swap space may stay on the device: not under
@@ -1426,24 +1428,7 @@ class ActivationSwapper:
     def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
                   wait: bool = True) -> Optional[_Swapped]:
         host = self.pool.alloc(nbytes)  # may raise LMSHostMemoryError
-        h = _Swapped()
-        h.owner = self  # from here on, dropping h returns the host buffer
-        h.slot = None
-        h.d2h_event = None
-        h.nbytes = nbytes
-        h.size = t.size()
-        h.stride = t.stride()
-        h.dtype = t.dtype
-        h.device = t.device
-        h.host = host
-        h.gpu = None
-        h.gpu_stream = None
-        h.h2d_event = None
-        h.refs = 1
-        h.unpacks = 0
-        h.pass_id = -1
-        h.version = t._version
-        h.orig = weakref.ref(t)
+        h = _Swapped.of(self, t, nbytes, host=host)
         src = t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
         if st.index is None:
             host.copy_(src)
