@@ -520,3 +520,42 @@ def test_eviction_net_without_cuda_warns_and_swapping_goes_on(m, monkeypatch):
     sw = cpu_swapper(m)
     assert sw._guard() is None               # device_type="cpu": never asked for
     assert sw.stats()["guard.active"] == 0
+
+
+def _varied_steps(ctx):
+    """Steps that vary as training does: sequence length, an eval pass with and without
+    autograd between steps, gradient accumulation over two micro-batches, a short last
+    batch.  Returns the losses and the final weights."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for seq, micro, batch in ((16, 1, 8), (48, 1, 8), (32, 2, 8), (8, 1, 8), (40, 1, 3)):
+        opt.zero_grad(set_to_none=True)
+        for _ in range(micro):
+            x = torch.randn(batch, seq, 64, generator=g)
+            with ctx():
+                loss = model(x).pow(2).mean() / micro
+            loss.backward()
+            losses.append(loss.detach())
+        opt.step()
+        with torch.no_grad():                  # eval without autograd
+            losses.append(model(torch.randn(2, seq, 64, generator=g)).sum())
+        with ctx():                            # eval with autograd, no backward
+            losses.append(model(torch.randn(2, seq, 64, generator=g)).sum().detach())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("policy", ["always", "auto"])
+def test_steps_that_vary_train_bitwise_and_return_host_memory(m, policy):
+    sw = cpu_swapper(m, policy=policy, prefetch_depth=2)
+    ref_losses, ref_params = _varied_steps(contextlib.nullcontext)
+    losses, params = _varied_steps(lambda: sw)
+    assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses))
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    gc.collect()
+    s = sw.stats()
+    assert s.get("host.in_use_bytes", 0) == 0  # the eval graphs without backward too
+    if policy == "always":
+        assert s["swap.out_count"] > 0
