@@ -108,6 +108,15 @@ class Guard {
   bool on_oom(int device, size_t n) {
     if (!armed_ || g_resident.load() == 0) return false;
     ooms_++;
+    // inside a CUDA graph capture a copy would be recorded, not run, and synchronising
+    // would end the capture: leave the error to the program
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device).stream(), &capturing) !=
+            cudaSuccess ||
+        capturing != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return false;
+    }
     // a little more than asked: the allocator maps whole pages, and what is freed may
     // not lie in one piece
     const int64_t need = static_cast<int64_t>(n) + (64 << 20);
