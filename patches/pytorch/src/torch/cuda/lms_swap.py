@@ -1212,14 +1212,9 @@ class ActivationSwapper:
         self._prefetch_pending = False
         if self._pool is not None:
             self._pool.end_step()
-        guard = self._guard()
-        evicted_now = guard.stats()["evicted_bytes"] if guard is not None else 0
         for st in self._dev.values():
             # what the net evicted in backward is memory backward needed beyond its peak
-            bwd_evicted = evicted_now - st.guard_seen
-            st.guard_seen = evicted_now
-            if bwd_evicted > 0:
-                self.c["guard_backward_bytes"] += bwd_evicted
+            bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None):
                 peak = torch.cuda.max_memory_allocated(st.index)
@@ -1249,20 +1244,25 @@ class ActivationSwapper:
             st.saved = 0
             st.rec_off, st.rec_unswapped = [], []
 
+    def _net_evicted(self, st: _DevState, counter: str) -> int:
+        """Bytes the eviction net moved since the last phase began (counted under
+        ``counter``)."""
+        guard = self._guard()
+        now = guard.evicted_bytes() if guard is not None else 0
+        moved, st.guard_seen = now - st.guard_seen, now
+        if moved > 0:
+            self.c[counter] += moved
+        return moved
+
     def _begin_backward(self) -> None:
         self._phase = "bwd"
         self._pass_id += 1
         self._dedupe.clear()
         self._kept_unpacks = 0
         self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
-        guard = self._guard()
-        evicted_now = guard.stats()["evicted_bytes"] if guard is not None else 0
         for st in self._dev.values():
             # the net's evictions in forward were swaps the forecast should have planned
-            fwd_evicted = evicted_now - st.guard_seen
-            st.guard_seen = evicted_now
-            if fwd_evicted > 0:
-                self.c["guard_forward_bytes"] += fwd_evicted
+            fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
             st.cursor = len(st.order)
             st.prev_saved = st.saved
             if st.index is not None and self.config.policy == "auto":

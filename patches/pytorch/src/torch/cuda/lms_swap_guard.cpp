@@ -182,6 +182,8 @@ class Guard {
     return freed;
   }
 
+  int64_t evicted_bytes() const { return evicted_bytes_.load(); }
+
   py::dict stats() {
     py::dict d;
     d["armed"] = armed_.load();
@@ -353,6 +355,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     Guard::get().set_host_budget(limit, other, min_available);
   });
   m.def("host_bytes", []() { return g_host_bytes.load(); });
+  m.def("evicted_bytes", []() { return Guard::get().evicted_bytes(); },
+        "bytes evicted since the process began (cheap: one atomic read)");
   m.def("evict", [](int device, int64_t need) {
     py::gil_scoped_release nogil;
     return Guard::get().evict(device, need);
