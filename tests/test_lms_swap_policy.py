@@ -559,3 +559,41 @@ def test_steps_that_vary_train_bitwise_and_return_host_memory(m, policy):
     assert s.get("host.in_use_bytes", 0) == 0  # the eval graphs without backward too
     if policy == "always":
         assert s["swap.out_count"] > 0
+
+
+class _CountingNet:
+    """Stands in for the eviction net's one counter the first-step rule reads (the net
+    itself is C++ under the CUDA allocator: tests/conformance/lms_swap)."""
+
+    def __init__(self):
+        self.moved = 0
+
+    def evicted_bytes(self):
+        return self.moved
+
+
+def test_first_step_margin_with_the_net_waits_for_its_first_eviction(m):
+    """With the net, the first step keeps only min_margin (a step that fits swaps
+    nothing); once the net has had to move something, the step keeps the no-net share;
+    the learned margin has no floor of one tensor."""
+    net = _CountingNet()
+    sw = cpu_swapper(m, policy="auto", min_margin=64 * MiB)
+    sw._guard = lambda: net
+    st = m._DevState(None)
+    st.largest = 32 * MiB
+    assert sw._margin(st) == 64 * MiB
+    assert sw._min_margin_factor() == 0.0
+    net.moved += 96 * MiB  # the net caught an out-of-memory error in this phase
+    assert sw._margin(st) == max(5 * 32 * MiB, int(0.35 * sw._device_limit(st)))
+    assert sw.configure(first_margin_fraction=0.1) and sw._margin(st) > 64 * MiB
+
+
+def test_without_the_net_the_first_step_keeps_its_share(m):
+    sw = cpu_swapper(m, policy="auto", min_margin=64 * MiB)
+    assert sw._guard() is None
+    st = m._DevState(None)
+    st.largest = 32 * MiB
+    assert sw._margin(st) == max(5 * 32 * MiB, int(0.35 * sw._device_limit(st)))
+    assert sw._min_margin_factor() == 1.0
+    with pytest.raises(ValueError, match="first_margin_fraction"):
+        m.SwapConfig(first_margin_fraction=1.0)

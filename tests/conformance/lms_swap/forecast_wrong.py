@@ -1,6 +1,6 @@
 """A training job whose memory forecast is wrong on purpose (run by test_lms_swap_guard.py).
 
-    python forecast_wrong.py MODE   (MODE: stock | noguard | guard)
+    python forecast_wrong.py MODE   (MODE: stock | noguard | guard | first2x)
 
 An MLP trains 8 SGD steps.  At the end of forward, where the step's memory peaks, the
 model makes a transient (a concatenation of copies of its output, dropped at once); from
@@ -11,6 +11,10 @@ The swapping policy is told the device is twice its size (``device_limit``), so 
 swaps: whatever saves the step is the eviction net.  First, with the device to itself, a
 reference run records every loss and the final weights; the run under ballast must match
 it bit for bit.  Prints one JSON line.
+
+MODE first2x: no jump, but the ballast leaves only half of what a normal step needs, and
+swapping runs with its defaults (no ``device_limit``): the first step, which has nothing
+to learn from, needs 2x what fits; the later steps must plan from what the net moved.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def model():
     return torch.nn.Sequential(*layers).cuda()
 
 
-def train(net, x, ctx=None, jump=True):
+def train(net, x, ctx=None, jump=True, evicted=None):
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     losses = []
     for step in range(STEPS):
@@ -65,6 +69,8 @@ def train(net, x, ctx=None, jump=True):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if evicted is not None:
+            evicted.append(ctx.stats().get("guard.evicted_bytes", 0))
     torch.cuda.synchronize()
     return losses, [p.detach().clone() for p in net.parameters()]
 
@@ -81,14 +87,19 @@ def main(mode: str) -> dict:
     need = torch.cuda.max_memory_allocated() - base
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
-    ballast = torch.empty(free - need - GiB // 4, dtype=torch.uint8, device="cuda")
+    room = need // 2 if mode == "first2x" else need + GiB // 4
+    ballast = torch.empty(free - room, dtype=torch.uint8, device="cuda")
     out = {"mode": mode, "normal_peak_gib": need / GiB, "ballast_gib": ballast.numel() / GiB}
     ctx = None
     if mode != "stock":
         lms = load_lms_swap()
-        ctx = lms.ActivationSwapper(device_limit=2 * total, guard=(mode == "guard"))
+        if mode == "first2x":
+            ctx = lms.ActivationSwapper()  # defaults
+        else:
+            ctx = lms.ActivationSwapper(device_limit=2 * total, guard=(mode == "guard"))
+    evicted = [] if ctx is not None else None
     try:
-        losses, params = train(model(), x, ctx)
+        losses, params = train(model(), x, ctx, jump=(mode != "first2x"), evicted=evicted)
         out["result"] = "trained"
         out["bitwise_equal"] = (losses == ref_losses and all(
             torch.equal(p.cpu(), q) for p, q in zip(params, ref_params)))
@@ -96,6 +107,7 @@ def main(mode: str) -> dict:
         out.update(result="oom", oom_step=train.step, error=str(e).splitlines()[0][:200])
     if ctx is not None:
         out["stats"] = {k: v for k, v in ctx.stats().items() if k.startswith(("guard.", "swap."))}
+        out["evicted_by_step"] = evicted
     return out
 
 

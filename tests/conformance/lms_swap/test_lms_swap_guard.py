@@ -48,3 +48,16 @@ def test_the_net_keeps_a_wrong_forecast_training_bitwise(cuda_only):
     assert st["guard.active"] == 1 and st["guard.evicted_bytes"] > 0, json.dumps(st)
     assert st["swap.guard_fetched"] > 0, st  # evicted tensors came back for backward
     assert st["guard.host_bytes"] == 0, st  # and their host copies were given back
+
+
+def test_a_first_step_that_needs_2x_trains_with_defaults(cuda_only):
+    """No forecast exists in the first step: what does not fit is swapped as the device
+    fills (or, where that is too late, moved by the net), the later steps plan it, and
+    the last steps need the net no more."""
+    out = _run("first2x")
+    assert out["result"] == "trained", json.dumps(out)
+    assert out["bitwise_equal"], json.dumps(out)
+    st, ev = out["stats"], out["evicted_by_step"]
+    assert st["swap.out_bytes"] > 0, st  # the step did not fit: activations went out
+    later = [b - a for a, b in zip(ev, ev[1:])]
+    assert sum(later[-4:]) == 0, ev  # settled

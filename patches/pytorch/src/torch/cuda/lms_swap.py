@@ -60,16 +60,25 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
 ``device_limit``
     bytes of device memory the caching allocator may hold allocated before tensors are
     swapped.  Default: the allocator's LMS limit on a patched build when it is set, else
-    ``device_limit_fraction`` (0.98) of the device's total memory.
+    ``device_limit_fraction`` of the device's total memory when that is set, else, with
+    the eviction net (``guard``), 99% of the memory the caching allocator can have (free
+    plus reserved when first measured: a forecast that aims too high costs an eviction,
+    not the job), and without the net 98% of the device's total memory.
 ``margin``
     bytes kept free at the end of forward for backward: forward swaps so that it ends
     this far under the limit.  Default: learned (``adaptive_margin``, default True) as
     backward's peak over forward's end, from every step (exactly from a step whose
     backward set a new peak, else only ever lowered by that upper bound), never under
-    ``min_margin_factor`` (1) times the largest saved tensor nor ``min_margin``; the
-    first step, which has nothing to learn from, uses ``margin_factor`` (5) times the
-    largest saved tensor or ``first_margin_fraction`` (0.35) of the limit, whichever is
-    more (a language model's largest tensors come last, in its loss).
+    ``min_margin_factor`` times the largest saved tensor (default: 1 without the
+    eviction net, 0 with it: a margin learned too low then costs an eviction, and a
+    floor of one ResNet-50 activation made it swap 3.3 GiB a step at a batch stock
+    PyTorch trains) nor ``min_margin``.  The first step has nothing to learn from:
+    with the eviction net it keeps only ``min_margin`` until the net first has to
+    move something (a step that fits, as at a batch stock PyTorch trains, swaps
+    nothing and pins no host memory); from then on, and throughout without the net or
+    when ``first_margin_fraction`` is set, it keeps ``margin_factor`` (5) times the
+    largest saved tensor or ``first_margin_fraction`` (default 0.35) of the limit,
+    whichever is more (a language model's largest tensors come last, in its loss).
 ``prefetch_reserve_factor``
     backward's prefetching fills device memory only up to forward's end and up to the
     limit less the margin and less this many (default 3) times the largest saved
@@ -598,6 +607,12 @@ class HostPool:
                 raise LMSHostMemoryError(
                     f"LMS: cannot map {_fmt(nbytes)} of host memory for swap space ({e}); "
                     f"{_fmt(self.reserved)} already held") from None
+            if self.pin and hasattr(mem, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+                # 2 MiB pages where the kernel has them: fewer pages to fault in and pin
+                try:
+                    mem.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:
+                    pass
             buf = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes)
             if self.pin:
                 t0 = time.perf_counter()
@@ -648,13 +663,13 @@ class SwapConfig:
         "policy": "auto",
         "size_threshold": 1 * MiB,
         "device_limit": None,
-        "device_limit_fraction": 0.98,
+        "device_limit_fraction": None,
         "margin": None,
         "margin_factor": 5.0,
         "adaptive_margin": True,
         "min_margin": 512 * MiB,
-        "min_margin_factor": 1.0,
-        "first_margin_fraction": 0.35,
+        "min_margin_factor": None,
+        "first_margin_fraction": None,
         "prefetch_reserve_factor": 3.0,
         "prefetch_depth": 48,
         "max_inflight_bytes": 1 * GiB,
@@ -692,11 +707,13 @@ class SwapConfig:
             raise ValueError(f"policy must be 'auto', 'always' or 'never', not {self.policy!r}")
         if int(self.size_threshold) < 0:
             raise ValueError("size_threshold must be >= 0 bytes")
-        if not (0.0 < float(self.device_limit_fraction) <= 1.0):
+        if self.device_limit_fraction is not None \
+                and not (0.0 < float(self.device_limit_fraction) <= 1.0):
             raise ValueError("device_limit_fraction must be in (0, 1]")
-        if not (0.0 <= float(self.first_margin_fraction) < 1.0):
+        if self.first_margin_fraction is not None \
+                and not (0.0 <= float(self.first_margin_fraction) < 1.0):
             raise ValueError("first_margin_fraction must be in [0, 1)")
-        if float(self.margin_factor) < 0 or float(self.min_margin_factor) < 0 \
+        if float(self.margin_factor) < 0 or float(self.min_margin_factor or 0) < 0 \
                 or float(self.prefetch_reserve_factor) < 0:
             raise ValueError("margin_factor, min_margin_factor and prefetch_reserve_factor "
                              "must be >= 0")
@@ -1135,6 +1152,9 @@ class ActivationSwapper:
             if key is not None:
                 st.d2h = torch.cuda.Stream(device=t.device)
                 st.h2d = torch.cuda.Stream(device=t.device)
+                guard = self._guard()
+                if guard is not None:  # the net's counter is the process's
+                    st.guard_seen = guard.evicted_bytes()
             self._dev[key] = st
         return st
 
@@ -1158,7 +1178,21 @@ class ActivationSwapper:
                         lim = 0
                 total = torch.cuda.get_device_properties(st.index).total_memory
                 if lim <= 0 or lim > total:
-                    lim = int(total * float(cfg.device_limit_fraction))
+                    if cfg.device_limit_fraction is not None:
+                        lim = int(total * float(cfg.device_limit_fraction))
+                    elif self._guard() is not None:
+                        # what the caching allocator can have, less 1% that its cache
+                        # loses to fragmentation: aiming at 98% of the card swapped at
+                        # batches stock PyTorch trains (its largest run at 96-99% of an
+                        # H100); aiming at all of it, ViT-L at such a batch failed an
+                        # allocation in a fragmented cache in backward, which the net
+                        # caught (a second per step).  Too high costs an eviction by
+                        # the net, not the job.
+                        free, _ = torch.cuda.mem_get_info(st.index)
+                        cap = min(total, int(free) + torch.cuda.memory_reserved(st.index))
+                        lim = cap - cap // 100
+                    else:
+                        lim = int(total * 0.98)
                 st.limit = lim
         return st.limit
 
@@ -1171,11 +1205,20 @@ class ActivationSwapper:
             st.margin = int(cfg.margin)
         elif st.k is not None:
             st.margin = max(int(cfg.min_margin), int(st.k * st.largest))
+        elif cfg.first_margin_fraction is None and self._net_idle(st):
+            # first step, with the net, until the net first has to move something: no
+            # forecast (a step that fits swaps nothing and pins no host memory)
+            st.margin = int(cfg.min_margin)
         else:
-            # first step: nothing learned, and the largest tensors may come last (a
-            # language model's loss): keep a share of the limit as well
+            # first step without the net, or after the net showed the step does not fit
+            # (its copies are synchronous, into pageable memory: on an H100 the first
+            # step of a Llama at 2x took 72 s with the net moving 60 GB, 42 s with this
+            # rule, the net moving 33 GB): nothing
+            # learned, and the largest tensors may come last (a language model's loss):
+            # keep a share of the limit as well
+            frac = 0.35 if cfg.first_margin_fraction is None else cfg.first_margin_fraction
             st.margin = max(int(cfg.min_margin), int(cfg.margin_factor * st.largest),
-                            int(float(cfg.first_margin_fraction) * self._device_limit(st)))
+                            int(float(frac) * self._device_limit(st)))
         return st.margin
 
     def _prefetch_reserve(self, st: _DevState) -> int:
@@ -1213,7 +1256,11 @@ class ActivationSwapper:
         if self._pool is not None:
             self._pool.end_step()
         for st in self._dev.values():
-            # what the net evicted in backward is memory backward needed beyond its peak
+            # what the net moved in backward is memory backward needed beyond its peak.
+            # (Not only the failed requests' sizes, which are smaller: at a batch stock
+            # PyTorch trains, 99% of an H100, ViT-L's backward failed for want of one
+            # piece in a fragmented cache, and a margin raised by the requests alone let
+            # it fail in 9 of the next 10 steps, each costing a second.)
             bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None):
@@ -1223,7 +1270,7 @@ class ActivationSwapper:
                 st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
                                           before, peak + bwd_evicted,
                                           int(self.config.min_margin),
-                                          float(self.config.min_margin_factor))
+                                          self._min_margin_factor())
                 st.k = damped(st.k, old_k)
                 if peak > (st.peak_before or 0):
                     st.reserve_k = next_reserve_factor(self._reserve_factor(st), peak,
@@ -1253,6 +1300,17 @@ class ActivationSwapper:
         if moved > 0:
             self.c[counter] += moved
         return moved
+
+    def _net_idle(self, st: _DevState) -> bool:
+        """Whether the eviction net is there and has moved nothing in this phase."""
+        guard = self._guard()
+        return guard is not None and guard.evicted_bytes() == st.guard_seen
+
+    def _min_margin_factor(self) -> float:
+        f = self.config.min_margin_factor
+        if f is None:
+            f = 0.0 if self._guard() is not None else 1.0
+        return float(f)
 
     def _begin_backward(self) -> None:
         self._phase = "bwd"
