@@ -305,8 +305,11 @@ def run_child(argv, timeout, guard_bytes, log):
         if line.startswith("RESULT "):
             res = json.loads(line[7:])
     if res is None:
+        steps = [json.loads(line[5:]) for line in out_lines if line.startswith("STEP ")]
         res = {"status": killed or f"exit {p.returncode}",
-               "error": "".join(out_lines[-5:])[-400:]}
+               "error": "".join(out_lines[-5:])[-400:],
+               "steps_done": len(steps),  # of a run that did not finish
+               "step_s_seen": [s["s"] for s in steps]}
     res["wall_s"] = round(wall, 1)
     res["min_mem_available"] = min_avail
     res["returncode"] = p.returncode
@@ -406,6 +409,9 @@ def main():
                     help="an lms_swap tunable for the lms mode (repeatable), e.g. "
                          "device_limit_fraction=0.95")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
+    ap.add_argument("--save-on-cpu-timeout", type=float, default=None,
+                    help="seconds per save_on_cpu configuration (default: --timeout; it was "
+                         "killed by host memory or too slow for 20 steps on every model so far)")
     ap.add_argument("--search-timeout", type=float, default=300.0,
                     help="seconds for one model's batch search")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
@@ -459,7 +465,10 @@ def main():
                         argv += ["--prefetch-depth", str(args.prefetch_depth)]
                     for opt in args.lms_option:
                         argv += ["--lms-option", opt]
-                    timeout = min(args.timeout, max(20.0, args.budget + 60 - elapsed))
+                    cap = args.timeout
+                    if mode == "save_on_cpu" and args.save_on_cpu_timeout:
+                        cap = args.save_on_cpu_timeout
+                    timeout = min(cap, max(20.0, args.budget + 60 - elapsed))
                     r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log)
                     row.update({k: v for k, v in r.items() if k not in row})
                     if row["status"] != "ok":
@@ -521,7 +530,9 @@ def write_markdown(path, cmd, results, args):
         thr = f"{r['units_per_s']:.1f} {r['unit']}" if ok else "-"
         rel = f"{100 * r['units_per_s'] / stock[r['model']]:.1f}%" if ok and r["model"] in stock else "-"
         status = r.get("status", "?")
-        if not ok and r.get("error"):
+        if not ok and r.get("steps_done") is not None:
+            status += f" after {r['steps_done']} steps"
+        elif not ok and r.get("error"):
             status += ": " + r["error"].strip().splitlines()[-1][:80].replace("|", "/")
         lines.append("| " + " | ".join([
             r["model"], f"{r['scale']}x", str(r["batch"]), r["mode"], status, thr, rel,

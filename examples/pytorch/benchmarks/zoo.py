@@ -91,7 +91,9 @@ def build(name, batch):
     if name == "t5":
         from transformers import T5Config, T5ForConditionalGeneration
         cfg = T5Config(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12,
-                       num_heads=12, vocab_size=32128)
+                       num_heads=12, vocab_size=32128,
+                       # t5-base's own values (newer transformers no longer default them)
+                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
         torch.manual_seed(0)
         model = T5ForConditionalGeneration(cfg).to(DEV)
         src = torch.randint(0, cfg.vocab_size, (batch, 512), device=DEV, generator=_gen())
