@@ -27,9 +27,11 @@ SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-
 help:
 	@echo "LMS build tools. Targets:"
 	@echo "  make setup                          virtualenv in $(VENV) with the tools and test dependencies"
-	@echo "  make build TORCH=<tag> [MODE=full|overlay] [SOURCE=...] [DRY_RUN=1] [JOBS=n]"
-	@echo "  make build TF=<tag> [SOURCE=...] [DRY_RUN=1] [JOBS=n]"
+	@echo "  make build TORCH=<tag> [MODE=full|overlay] [SOURCE=...] [PATCH=...] [DRY_RUN=1] [JOBS=n]"
+	@echo "  make build TF=<tag> [SOURCE=...] [PATCH=...] [DRY_RUN=1] [JOBS=n]"
 	@echo "                                      wheel with LMS into dist/ (overlay: PyTorch only, minutes)"
+	@echo "                                      PATCH=<file or URL>: your own patch, on any tag; a tag with"
+	@echo "                                      no shipped patch and no PATCH starts from the nearest, rebased"
 	@echo "  make verify [SOURCE=...]            apply every committed patch to its tag, print a table"
 	@echo "  make patches [SOURCE=...]           regenerate patches/*.patch from the LMS sources"
 	@echo "  make check-patches [SOURCE=...]     fail if a committed patch differs from a fresh export"
@@ -60,9 +62,9 @@ system-packages:
 
 build: | $(NEED_VENV)
 ifdef TORCH
-	$(TOOLS) build pytorch $(TORCH) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build pytorch $(TORCH) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(PATCH),--patch $(PATCH)) $(if $(DRY_RUN),--dry-run)
 else ifdef TF
-	$(TOOLS) build tensorflow $(TF) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build tensorflow $(TF) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(PATCH),--patch $(PATCH)) $(if $(DRY_RUN),--dry-run)
 else
 	@echo "error: say what to build: make build TORCH=<tag> or make build TF=<tag>"; $(TOOLS) tags; exit 2
 endif

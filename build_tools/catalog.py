@@ -11,7 +11,7 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import LmsError
@@ -95,6 +95,11 @@ class TagProfile:
     framework: Framework
     tag: str
     data: dict = field(hash=False, compare=False)
+    # A patch the user brought (make build PATCH=...) instead of the committed one.
+    patch_override: Path | None = field(default=None, compare=False)
+    # For a tag with no profile of its own: the supported tag whose build settings it borrows.
+    borrowed_from: str | None = None
+    notes_before: tuple[str, ...] | list[str] = field(default=(), compare=False)  # said first by notes()
 
     @property
     def dir(self) -> Path:
@@ -117,7 +122,22 @@ class TagProfile:
 
     @property
     def patch_file(self) -> Path:
+        if self.patch_override is not None:
+            return self.patch_override
         return patches_dir() / f"{self.framework.name}_{self.tag}{PATCH_SUFFIX}"
+
+    def notes(self) -> list[str]:
+        """What a user must know before building with this profile."""
+        if not self.borrowed_from:
+            if self.patch_override is None:
+                return list(self.notes_before)
+            return [*self.notes_before, f"the patch applied is {self.patch_file}, not the committed "
+                    f"{self.framework.name}_{self.tag}{PATCH_SUFFIX}: the wheel's version label is the same"]
+        return [*self.notes_before, f"{self.framework.title} {self.tag} has no profile of its own: its build settings "
+                f"(Python, CUDA and compiler ranges, build environment) are {self.borrowed_from}'s, the "
+                f"nearest supported tag; {self.tag} may need others (check its own build docs).",
+                f"the patch applied is {self.patch_file}: nothing in this repository has tested it on "
+                f"{self.tag}."]
 
 
 def src_dir(fw: Framework) -> Path:
@@ -140,6 +160,10 @@ def supported_tags(fw: Framework) -> list[str]:
     return sorted(tags, key=lambda t: [int(x) if x.isdigit() else x for x in re.split(r"[.v-]", t)])
 
 
+def is_supported(fw: Framework, tag: str) -> bool:
+    return (patches_dir() / fw.name / tag / "profile.toml").is_file()
+
+
 def profile(fw: Framework, tag: str) -> TagProfile:
     """The profile of a supported tag; an unsupported tag is an error listing the supported ones."""
     path = patches_dir() / fw.name / tag / "profile.toml"
@@ -154,6 +178,30 @@ def profile(fw: Framework, tag: str) -> TagProfile:
         )
     with path.open("rb") as f:
         return TagProfile(fw, tag, tomllib.load(f))
+
+
+def nearest_tag(fw: Framework, tag: str, tags: list[str] | None = None) -> str:
+    """The supported tag (of `tags`, default all) closest to `tag`: the newest not newer, else the oldest."""
+    tags = supported_tags(fw) if tags is None else tags
+    if not tags:
+        raise LmsError(f"no {fw.title} tag is supported yet")
+    key = lambda t: tuple(int(x) for x in re.findall(r"\d+", version_of_tag(t)))
+    target = key(tag)
+    below = [t for t in tags if key(t) <= target]
+    return max(below, key=key) if below else min(tags, key=key)
+
+
+def profile_with_patch(fw: Framework, tag: str, patch: Path) -> TagProfile:
+    """The profile for building `tag` with `patch`: the tag's own (with the patch swapped in) when the tag
+    is supported, else the nearest supported tag's build settings under this tag's name and version
+    (no Debian source: that is known per supported tag only)."""
+    version_of_tag(tag)
+    if is_supported(fw, tag):
+        return replace(profile(fw, tag), patch_override=patch)
+    near = nearest_tag(fw, tag)
+    data = {k: v for k, v in profile(fw, near).data.items() if k != "debian"}
+    data["upstream"] = {"version": version_of_tag(tag)}
+    return TagProfile(fw, tag, data, patch_override=patch, borrowed_from=near)
 
 
 def parse_patch_name(path: Path) -> tuple[Framework, str]:

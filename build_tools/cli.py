@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ examples:
   python -m build_tools tags
   python -m build_tools build pytorch v2.6.0 --mode overlay --source debian
   python -m build_tools build tensorflow v2.14.1 --dry-run
+  python -m build_tools build pytorch v1.4.0 --patch ~/pytorch_v1.4.0_lms.patch --dry-run
+  python -m build_tools build tensorflow v2.1.0 --dry-run    # no patch ships: rebase the nearest
   python -m build_tools apply pytorch v2.6.0 --dest ../pytorch-lms
   python -m build_tools export --check --source debian
   python -m build_tools rebase pytorch --onto v2.7.0 --source ~/src/pytorch --dest ../pt-2.7
@@ -133,11 +136,50 @@ def cmd_save_edits(args) -> int:
     return 0
 
 
+def _build_profile(args, fw: catalog.Framework, source: Source):
+    """(profile, steps to run before the build's own): the tag's own profile; with --patch, the user's
+    patch (on an unsupported tag, with the nearest supported tag's build settings); for an unsupported
+    tag without --patch, the nearest shipped patch rebased onto it first."""
+    from .builders import common
+    from .builders.plan import Step
+    if args.patch:
+        from .patch_ops.user_patch import resolve
+        return catalog.profile_with_patch(fw, args.tag, resolve(args.patch)), []
+    if catalog.is_supported(fw, args.tag):
+        return catalog.profile(fw, args.tag), []
+    from .patch_ops.rebase import nearest_supported, rebase_to_patch
+    try:
+        near = nearest_supported(fw, args.tag)
+    except LmsError:
+        catalog.profile(fw, args.tag)  # nothing to rebase from: the plain "not supported" error
+        raise
+    work = common.BUILD_ROOT / f"{fw.name}-{args.tag}-rebase"
+    wt, out = work / "src", work / f"{fw.name}_{args.tag}_rebased_from_{near}.patch"
+    supported = ", ".join(catalog.supported_tags(fw))
+    prof = replace(catalog.profile_with_patch(fw, args.tag, out), notes_before=[
+        f"{fw.title} {args.tag} is not supported: no LMS patch ships for it (Supported {fw.title} tags: "
+        f"{supported}); this plan starts from {near}'s patch, rebased onto {args.tag}. With a patch of your "
+        f"own: PATCH=<file or URL>"])
+    step = Step(f"no {fw.title} {args.tag} patch ships: rebase the shipped {near} patch onto {args.tag} with "
+                f"`git am -3`; stop with a file-by-file report of what is left if conflicts remain, else write "
+                f"the result to {out}",
+                action=lambda: rebase_to_patch(fw, args.tag, source, near, wt, out),
+                shows=[*source.plan_commands(args.tag),
+                       f"python -m build_tools rebase {fw.name} --onto {args.tag} --from {near} --dest {wt}",
+                       f"git -C {wt} format-patch --stdout {args.tag}..HEAD > {out}"])
+    return prof, [step]
+
+
 def cmd_build(args) -> int:
     fw = catalog.framework(args.framework)
-    prof = catalog.profile(fw, args.tag)
+    catalog.version_of_tag(args.tag)
     source = source_for(args, fw)
+    prof, before = _build_profile(args, fw, source)
     dist = Path(args.dist).resolve()
+    if args.mode == "overlay" and prof.borrowed_from:
+        raise LmsError(f"the overlay build needs the official wheel of a supported tag; {fw.title} "
+                       f"{args.tag} has no profile", hint=f"use the full build: make build "
+                       f"{fw.make_var}={args.tag} MODE=full" + (f" PATCH={args.patch}" if args.patch else ""))
     if args.mode == "overlay":
         if fw.name != "pytorch":
             raise LmsError(f"{fw.title} has no overlay build: its LMS patch needs a full build",
@@ -148,6 +190,8 @@ def cmd_build(args) -> int:
         from .builders import pytorch_full, tensorflow_full
         module = pytorch_full if fw.name == "pytorch" else tensorflow_full
         plan = module.plan(prof, source, jobs=args.jobs, dist=dist)
+    plan.steps[:0] = before
+    plan.notes += prof.notes()
     if args.dry_run:
         print(plan.render())
         return 0
@@ -207,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="print the exact plan and the toolchain check; do nothing")
     sp.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
     sp.add_argument("--dist", default=str(catalog.REPO_ROOT / "dist"), help="where the wheel goes (default: dist/)")
+    sp.add_argument("--patch", metavar="FILE_OR_URL",
+                    help="build with this patch instead of the committed one (`git format-patch` output or a "
+                         "plain diff; any tag, e.g. IBM's published v1.4.0 / v2.1.0 LMS patches: a tag with no "
+                         "profile borrows the nearest supported tag's build settings, full build only). "
+                         "Without it, a tag with no shipped patch starts from the nearest one, rebased")
     return p
 
 

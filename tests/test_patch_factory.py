@@ -257,6 +257,6 @@ def test_tarball_of_another_version_is_refused(world, tmp_path):
 def test_cli_help_and_errors_exit_cleanly(world):
     r = run_cli("--help")
     assert r.returncode == 0 and "debian" in r.stdout and "rebase" in r.stdout
-    r = run_cli("build", "pytorch", "v9.9.9")
+    r = run_cli("build", "pytorch", "v9.9.9")  # and no patch exported to start from
     assert r.returncode == 2 and "Supported PyTorch tags" in r.stderr
     assert "Traceback" not in r.stderr

@@ -39,9 +39,13 @@ class Plan:
     steps: list[Step]
     checks: list[Check]
     log: Path
+    notes: list[str] = field(default_factory=list)   # what the user must know before running it
 
     def render(self) -> str:
-        out = [f"Plan: {self.title}", "", "Toolchain:"]
+        out = [f"Plan: {self.title}", ""]
+        if self.notes:
+            out += ["Notes:"] + [f"  - {n}" for n in self.notes] + [""]
+        out += ["Toolchain:"]
         out += [f"  {c.line()}" for c in self.checks]
         out += ["", "Steps:"]
         for i, s in enumerate(self.steps, 1):
@@ -49,6 +53,8 @@ class Plan:
         return "\n".join(out)
 
     def execute(self) -> None:
+        for n in self.notes:
+            info(f"note: {n}")
         missing = [c for c in self.checks if not c.ok]
         if missing:
             raise LmsError("the toolchain for this build is incomplete:\n  " +

@@ -38,10 +38,7 @@ def nearest_supported(fw: Framework, onto: str) -> str:
     tags = [t for t in catalog.supported_tags(fw) if catalog.profile(fw, t).patch_file.exists()]
     if not tags:
         raise LmsError(f"no {fw.title} patch is exported yet to rebase from", hint="`make patches` first")
-    key = lambda t: tuple(int(x) for x in re.findall(r"\d+", catalog.version_of_tag(t)))
-    target = key(onto)
-    below = [t for t in tags if key(t) <= target]
-    return max(below, key=key) if below else min(tags, key=key)
+    return catalog.nearest_tag(fw, onto, tags)
 
 
 def rebase(fw: Framework, onto: str, source: Source, from_source: Source, dest: Path,
@@ -95,3 +92,26 @@ def rebase(fw: Framework, onto: str, source: Source, from_source: Source, dest: 
     info(f"to ship it: create patches/{fw.name}/{onto}/profile.toml (copy one beside it), then "
          f"`python -m build_tools save-edits {fw.name} {onto} --dest {wt}` and `make patches`")
     return report
+
+
+def rebase_to_patch(fw: Framework, onto: str, source: Source, from_tag: str, worktree: Path, out: Path) -> Path:
+    """`make build` of a tag with no patch of its own: the nearest shipped patch rebased onto it, written as
+    one `git format-patch` file at `out` when it merges cleanly; otherwise an error carrying the
+    file-by-file report and the commands that finish the job (the conflicted tree is left at `worktree`)."""
+    if worktree.exists():
+        gitutil.remove_worktree(source.repo, worktree)
+    out.unlink(missing_ok=True)
+    report = rebase(fw, onto, source, source, worktree, from_tag=from_tag)
+    if not report.clean:
+        raise LmsError(
+            f"the {from_tag} patch does not rebase cleanly onto {fw.title} {onto}; what is left:\n"
+            + report.render(),
+            hint=(f"resolve the conflicts in {report.worktree}, `git add` the files and `git am --continue` "
+                  f"there, then `git -C {report.worktree} format-patch --stdout {onto}..HEAD > my.patch` and "
+                  f"`make build {fw.make_var}={onto} PATCH=my.patch`"))
+    text = gitutil.run(report.worktree, "format-patch", "--stdout", f"{onto}..HEAD").out
+    tmp = out.with_suffix(".part")
+    tmp.write_text(text)
+    tmp.replace(out)
+    info(f"rebased patch: {out}")
+    return out

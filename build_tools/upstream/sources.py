@@ -61,7 +61,10 @@ class Source:
         if self.kind == "git":
             return [f"git init --bare {self.repo}", f"git -C {self.repo} fetch --depth=1 {self.location} {ref}"]
         if self.kind == "debian":
-            deb = catalog.profile(self.framework, tag).debian or {}
+            deb = _debian(self.framework, tag)
+            if deb is None:
+                return [f"# no Debian source is known for {self.framework.title} {tag}: "
+                        f"pass --source <tarball or git URL>"]
             get = (f"apt-get source --download-only --tar-only {deb.get('package')}={deb.get('version')}  "
                    f"# deb-src {deb.get('suite')} main, private apt state in {cache_dir() / 'apt'}")
         else:
@@ -76,7 +79,7 @@ class Source:
             _check_version(self, tag, expected)
             return self.repo, commit
         if self.kind == "debian":
-            prof = catalog.profile(self.framework, tag).debian
+            prof = _debian(self.framework, tag)
             if not prof:
                 raise LmsError(f"no Debian source is known for {self.framework.title} {tag}",
                                hint="pass --source <tarball or git URL>")
@@ -92,6 +95,11 @@ class Source:
                 raise LmsError(f"source tarball {loc} not found")
         commit = tarball.import_tarball(self.framework, path, tag, expected, self.repo, cache_dir() / "scratch")
         return self.repo, commit
+
+
+def _debian(fw: Framework, tag: str) -> dict | None:
+    """Where Debian has the tag's tree (known for supported tags only), or None."""
+    return catalog.profile(fw, tag).debian if catalog.is_supported(fw, tag) else None
 
 
 def _expected_version(fw: Framework, tag: str) -> str:
