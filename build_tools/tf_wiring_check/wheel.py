@@ -1,0 +1,106 @@
+"""The official ``tensorflow==2.14.1`` GPU wheel: headers, CUDA headers and exported symbols.
+
+The wiring check compiles the patch's C++ files against what the wheel ships under
+``tensorflow/include/`` (TensorFlow's own headers, its generated ``*.pb.h``, absl, Eigen,
+protobuf 3.21.9, pybind11, Python and numpy headers, and the CUDA 11.8 headers the wheel was
+built with under ``third_party/gpus/cuda/include``), then resolves the objects' undefined
+symbols against the dynamic symbol tables of the wheel's libraries.
+
+Invariant: everything is derived from the one wheel file in the cache; a folder is only used
+when its ``.complete`` marker names that wheel, so an interrupted extraction is redone.  The
+large libraries are not kept: only their defined dynamic symbols, as text.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TF_VERSION = "2.14.1"
+# tensorflow 2.14.1 publishes CPython 3.9-3.11 wheels with identical headers and libraries;
+# the 3.11 one is used whatever Python runs the check (its Python.h is the one pybind needs).
+WHEEL_GLOB = f"tensorflow-{TF_VERSION}-cp311-cp311-manylinux*.whl"
+DEFAULT_CACHE = REPO / ".cache" / "tf_wiring"
+
+# The libraries whose exported symbols a patched object may use: the framework (tsl, core
+# framework, CUDA driver stubs), the rest of TensorFlow's C++ runtime (GPU runtime, eager), and
+# the Python extension library every _pywrap_* module links.
+WHEEL_LIBS = [
+    "tensorflow/libtensorflow_framework.so.2",
+    "tensorflow/libtensorflow_cc.so.2",
+    "tensorflow/python/_pywrap_tensorflow_internal.so",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[tf_wiring_check] {msg}", flush=True)
+
+
+def wheel_file(cache: Path) -> Path:
+    """The GPU wheel in ``cache``, downloaded once with pip (PyPI or the configured mirror)."""
+    found = sorted(cache.glob(WHEEL_GLOB))
+    if not found:
+        cache.mkdir(parents=True, exist_ok=True)
+        log(f"downloading tensorflow=={TF_VERSION} (GPU wheel, cp311, ~490 MB) into {cache}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
+             f"tensorflow=={TF_VERSION}", "-d", str(cache)], check=True)
+        found = sorted(cache.glob(WHEEL_GLOB))
+    if not found:
+        raise SystemExit(f"no {WHEEL_GLOB} in {cache}")
+    return found[-1]
+
+
+def _dynamic_symbols(lib: Path) -> list[str]:
+    """Defined dynamic symbols of ``lib`` (version suffixes dropped)."""
+    r = subprocess.run(["nm", "-D", "--defined-only", str(lib)], stdout=subprocess.PIPE,
+                       text=True, check=True)
+    return sorted({line.split()[-1].split("@")[0] for line in r.stdout.splitlines()
+                   if len(line.split()) >= 3})
+
+
+def ensure(cache: Path = DEFAULT_CACHE, wheel: Path | None = None) -> Path:
+    """Folder with the wheel's ``tensorflow/include`` and ``symbols/<lib>.txt``; made once."""
+    wheel = wheel or wheel_file(cache)
+    out = cache / f"gpu-wheel-{TF_VERSION}"
+    marker = out / ".complete"
+    if marker.exists() and marker.read_text().strip() == wheel.name:
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    log(f"extracting headers and symbol tables from {wheel.name}")
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.startswith("tensorflow/include/") or name in WHEEL_LIBS:
+                z.extract(name, out)
+    (out / "symbols").mkdir()
+    for rel in WHEEL_LIBS:
+        lib = out / rel
+        (out / "symbols" / (lib.name + ".txt")).write_text("\n".join(_dynamic_symbols(lib)) + "\n")
+        lib.unlink()  # 1 GB for libtensorflow_cc.so.2: only its symbol table is needed
+    marker.write_text(wheel.name + "\n")
+    return out
+
+
+def wheel_symbols(wheel_dir: Path) -> dict[str, set[str]]:
+    """{library name: its defined dynamic symbols}."""
+    return {p.name[:-4]: set(p.read_text().split()) for p in sorted((wheel_dir / "symbols").glob("*.txt"))}
+
+
+def uses_cxx11_abi(wheel_dir: Path) -> bool:
+    """Whether the wheel was built with libstdc++'s new ABI (its std::string symbols say so)."""
+    syms = (wheel_dir / "symbols" / "libtensorflow_framework.so.2.txt").read_text()
+    return "B5cxx11" in syms or "__cxx11" in syms
+
+
+def cuda_version(include: Path) -> int:
+    """CUDA_VERSION of the CUDA headers under ``include`` (cuda.h), e.g. 11080."""
+    for line in (include / "cuda.h").read_text(errors="replace").splitlines():
+        if line.startswith("#define CUDA_VERSION "):
+            return int(line.split()[2])
+    raise SystemExit(f"no CUDA_VERSION in {include / 'cuda.h'}")
