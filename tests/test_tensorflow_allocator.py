@@ -10,19 +10,17 @@ with TensorFlow's own BFC allocator tests and the LMS conformance tests
 budget semantics as the CUDA VMM backend (tests/conformance/
 tensorflow_allocator runs the same program on a GPU).
 
-Also: the config.proto edit compiles with protoc (and the C++ GPU wiring
-compiles against the regenerated header), and the Python edits work on stock
-tensorflow-cpu 2.14.1.
+Also: the Python edits work on stock tensorflow-cpu 2.14.1 (the C++ wiring is
+compiled and linked in tests/test_tf_wiring_check.py).
 
-Needs: g++, Debian libgtest-dev + libgmock-dev, protobuf-compiler, the CUDA
-header wheels (all from `make setup`); network once (pip download of the
-wheel; the Python check also pip-installs it into .cache/tf-venv).
+Needs: g++, Debian libgtest-dev + libgmock-dev, protoc (all from `make setup`);
+network once (pip download of the wheel; the Python check also pip-installs it
+into .cache/tf-venv).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -97,41 +95,10 @@ def test_allocator_conformance_cpu(tree, tmp_path):
     assert "tf.config.experimental.set_lms_defrag_enabled(True)" in r.stdout
 
 
-def test_proto_edit_compiles_and_gpu_wiring_compiles(tree, tmp_path):
-    out = python_overlay.compile_proto(tree, tmp_path / "gen")
-    header = (out / "tensorflow/core/protobuf/config.pb.h").read_text()
-    assert "bool lms_enabled() const;" in header
-    assert "bool lms_defrag_enabled() const;" in header
-    from build_tools import cuda_headers
-    # CUDA 13, as the GPU machine builds it: the page backend asks for
-    # CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, which
-    # CUDA 12.4-12.6 headers do not declare.
-    cuda = cuda_headers.find(13)
-    if cuda is None:
-        pytest.fail("no CUDA 13 headers: `make setup` installs NVIDIA's header wheels (pyproject's test extra)")
-    _require_toolchain()
-    wheel = tab.ensure_wheel(tab.DEFAULT_CACHE) / "tensorflow" / "include"
-    for rel in ("tensorflow/core/common_runtime/gpu/gpu_lms_allocator.cc",
-                "tensorflow/core/common_runtime/gpu/gpu_process_state.cc",
-                "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"):
-        # Tree headers first for the LMS files, the regenerated config.pb.h,
-        # then the wheel's (generated protos, absl, ...), then the tree for
-        # headers the wheel does not ship (stream_executor/cuda).
-        cmd = ["g++", "-std=c++17", "-fsyntax-only", "-DGOOGLE_CUDA=1",
-               "-D_GLIBCXX_USE_CXX11_ABI=1", f"-I{out}", f"-I{tmp_path / 'ov'}",
-               f"-I{wheel}", *cuda.flags(), "-idirafter", str(tree),
-               str(tree / rel)]
-        ov = tmp_path / "ov"
-        for h in tab.TREE_HEADERS + ["tensorflow/core/common_runtime/gpu/gpu_lms_allocator.h"]:
-            (ov / h).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(tree / h, ov / h)
-        link = ov / "third_party/gpus/cuda/include"
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(cuda.home / "include")
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        errors = [l for l in r.stdout.splitlines() if "error" in l]
-        assert r.returncode == 0 and not errors, (rel, errors[:10])
+# The config.proto edit and the C++ GPU wiring (gpu_process_state.cc, gpu_lms_*.cc, tfe_wrapper.cc,
+# ...) are compiled into object files against the tensorflow==2.14.1 GPU wheel and linked short of
+# the binary in tests/test_tf_wiring_check.py (build_tools/tf_wiring_check), which replaced the
+# -fsyntax-only check that stood here.
 
 
 CHECK = textwrap.dedent("""
