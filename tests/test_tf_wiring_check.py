@@ -43,10 +43,15 @@ def tree(lms_tree):
 
 
 @pytest.fixture(scope="module")
-def passing_report(tree):
+def stock(upstream_tree):
+    return upstream_tree("tensorflow", TAG)
+
+
+@pytest.fixture(scope="module")
+def passing_report(tree, stock):
     if shutil.which("g++") is None:
         pytest.fail("the wiring check needs g++ (`make setup`)")
-    return twc.check(tree, out=OUT)
+    return twc.check(tree, out=OUT, upstream=stock)
 
 
 def broken_copy(tree: Path, dest: Path, rel: str, edit) -> Path:
@@ -79,6 +84,12 @@ def test_lms_wiring_compiles_and_links(passing_report, tree):
     assert {"tensorflow/python/tfe_wrapper.cc", "tensorflow/core/common_runtime/gpu/gpu_process_state.cc",
             "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"} <= {u.rel for u in r.units}
     assert r.cuda_variants[twc.WHEEL_CUDA] == 11080 and r.cuda_variants["cuda-13"] >= 13000
+    # the stock versions of the edited library files were compiled, their definitions set aside
+    assert {u.rel for u in r.units if u.variant == "stock"} == {
+        "tensorflow/tsl/framework/bfc_allocator.cc",
+        "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.cc",
+        "tensorflow/core/common_runtime/gpu/gpu_process_state.cc"}
+    assert r.replaced > 10
     # The link step: references resolved, most of them by TensorFlow's own libraries.
     res = r.resolution
     assert res["needed"] > 500 and not res["unresolved"] and not res["duplicates"]
@@ -98,12 +109,12 @@ def test_flags_are_tensorflows_gpu_build_flags(tree):
     assert pybind.index("-fexceptions") > pybind.index("-fno-exceptions")
 
 
-def test_broken_source_fails_naming_file_and_error(passing_report, tree, tmp_path):
+def test_broken_source_fails_naming_file_and_error(passing_report, tree, stock, tmp_path):
     """`python -m build_tools.tf_wiring_check` on a tree where one edited file does not compile."""
     bad = broken_copy(tree, tmp_path / "tree", LMS_SUB_ALLOCATOR,
                       lambda t: t + "\nint lms_broken_on_purpose = undeclared_on_purpose();\n")
     r = subprocess.run([sys.executable, "-m", "build_tools.tf_wiring_check", "--tree", str(bad),
-                        "--out", str(OUT)], cwd=REPO, stdout=subprocess.PIPE,
+                        "--upstream", str(stock), "--out", str(OUT)], cwd=REPO, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=1800)
     assert r.returncode == 1, r.stdout[-4000:]
     assert "LMS wiring check: FAIL" in r.stdout
@@ -114,7 +125,24 @@ def test_broken_source_fails_naming_file_and_error(passing_report, tree, tmp_pat
     assert "tfe_wrapper.cc: ok ( cached)" in r.stdout
 
 
-def test_missing_definition_fails_the_link_step(passing_report, tree, tmp_path):
+def test_dropped_definition_is_not_taken_from_the_stock_library(passing_report, tree, stock, tmp_path):
+    """ChunkFromHandle compiled out of the edited bfc_allocator.cc: the wheel's libtensorflow_
+    framework.so.2 still exports the stock definition, but a build of the patched tree would not
+    have it, so the check must not count it as found."""
+    rel = "tensorflow/tsl/framework/bfc_allocator.cc"
+    def drop(text: str) -> str:
+        start = text.index("BFCAllocator::Chunk* BFCAllocator::ChunkFromHandle(ChunkHandle h) {")
+        end = text.index("\n}\n", start) + 3
+        return text[:start] + "#if 0\n" + text[start:end] + "#endif\n" + text[end:]
+    bad = broken_copy(tree, tmp_path / "tree", rel, drop)
+    r = twc.check(bad, out=OUT, upstream=stock)
+    assert not r.ok and all(u.ok for u in r.units), r.text()
+    link = [(p, m) for s, p, m in r.problems if s == "link"]
+    assert (rel, "undefined symbol tsl::BFCAllocator::ChunkFromHandle(unsigned long)") in link, r.text()
+    assert (BFC_LMS, "undefined symbol tsl::BFCAllocator::ChunkFromHandle(unsigned long)") in link
+
+
+def test_missing_definition_fails_the_link_step(passing_report, tree, stock, tmp_path):
     """GetLmsStats compiled out of bfc_allocator_lms.cc: everything compiles, the pybind module's
     reference to it is left unresolved, and the check says who needs it."""
     def drop(text: str) -> str:
@@ -122,7 +150,7 @@ def test_missing_definition_fails_the_link_step(passing_report, tree, tmp_path):
         end = text.index("\n}\n", start) + 3
         return text[:start] + "#if 0\n" + text[start:end] + "#endif\n" + text[end:]
     bad = broken_copy(tree, tmp_path / "tree", BFC_LMS, drop)
-    r = twc.check(bad, out=OUT)
+    r = twc.check(bad, out=OUT, upstream=stock)
     assert not r.ok and all(u.ok for u in r.units), r.text()
     link = [(p, m) for s, p, m in r.problems if s == "link"]
     assert ("tensorflow/python/tfe_wrapper.cc",
@@ -163,13 +191,13 @@ def test_api_golden_files_match_config_py(tree, tmp_path):
                for p, m in problems), problems
 
 
-def test_pybind_names_are_the_ones_python_calls(tree, upstream_tree, tmp_path):
+def test_pybind_names_are_the_ones_python_calls(tree, stock, tmp_path):
     defined = consistency.pybind_names(tree / consistency.TFE_WRAPPER)
     used = consistency.pywrap_uses(tree / consistency.CONTEXT_PY)
     assert "TFE_GetMemoryStats" in defined and "TFE_GetMemoryStats" in used
     assert consistency.check_pybind(tree) == []
     # The one name stock TF 2.14.1 calls without defining it is exactly the allowance.
-    up = upstream_tree("tensorflow", TAG)
+    up = stock
     stock_missing = set(consistency.pywrap_uses(up / consistency.CONTEXT_PY)) | \
         set(consistency.pywrap_uses(up / consistency.CONFIG_PY))
     stock_missing -= consistency.pybind_names(up / consistency.TFE_WRAPPER)

@@ -10,7 +10,10 @@ the next best proof that ``make build TF=v2.14.1`` will not fail on the patch:
    ``tensorflow/core/common_runtime/gpu/`` once more against CUDA 13 headers (the page backend's
    host-NUMA VMM calls are compiled out below CUDA 12.2, and the wheel ships CUDA 11.8);
 2. every symbol those objects need is defined by the wheel's libraries, the C/C++ runtime or
-   the patch's own objects, and none is defined twice (``symbols.py``);
+   the patch's own objects, and none is defined twice (``symbols.py``); what the stock versions
+   of the edited library files define (compiled too, from the upstream tree) is taken out of the
+   wheel's symbols first, as the real build replaces those objects: a definition the patch drops
+   cannot be found in the stock library;
 3. the BUILD edits, API golden files and pybind names are consistent (``consistency.py``).
 
 ``check()`` returns a :class:`Report`; ``python -m build_tools.tf_wiring_check`` prints it and
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,7 @@ class Report:
     cuda_variants: dict[str, int] = field(default_factory=dict)
     units: list[cc.Unit] = field(default_factory=list)
     resolution: dict = field(default_factory=dict)
+    replaced: int = -1  # wheel definitions the stock edited files made (-1: not checked)
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (section, path, message)
     seconds: float = 0.0
 
@@ -64,6 +70,10 @@ class Report:
             took = f"{u.seconds:5.1f} s" if u.seconds else " cached"
             out.append(f"  compile [{u.variant}] {u.rel}: {state} ({took})")
         r = self.resolution
+        if self.replaced >= 0:
+            out.append(f"  {self.replaced} definitions of the stock edited files taken out of the wheel's symbols")
+        else:
+            out.append("  NOTE: no upstream tree: the wheel's stock definitions of edited files count as found")
         if r:
             origin = ", ".join(f"{k}: {v}" for k, v in sorted(r["from"].items()))
             out.append(f"  symbols: {r['needed']} undefined references, "
@@ -78,9 +88,28 @@ def patch_files(patch_text: str) -> list[str]:
     return re.findall(r"^diff --git a/\S+ b/(\S+)$", patch_text, re.M)
 
 
+def upstream_texts(tree: Path, upstream: Path | None, rels: list[str]) -> dict[str, str] | None:
+    """The stock text of each of ``rels``: from ``upstream`` (a v2.14.1 tree), else from the tag
+    in the tree's own git history; None when neither is there."""
+    out = {}
+    for rel in rels:
+        if upstream is not None:
+            if (upstream / rel).exists():
+                out[rel] = (upstream / rel).read_text()
+            continue
+        r = subprocess.run(["git", "-C", str(tree), "show", f"{TAG}:{rel}"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+        if r.returncode != 0:
+            return None
+        out[rel] = r.stdout
+    return out
+
+
 def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
-          patch: Path = PATCH, jobs: int | None = None, cuda13: bool = True) -> Report:
-    """Runs all checks on ``tree`` (a v2.14.1 tree with the LMS change applied)."""
+          patch: Path = PATCH, jobs: int | None = None, cuda13: bool = True,
+          upstream: Path | None = None) -> Report:
+    """Runs all checks on ``tree`` (a v2.14.1 tree with the LMS change applied); ``upstream``
+    is the stock v2.14.1 tree (default: the tag in ``tree``'s git history, if it has one)."""
     t0 = time.monotonic()
     tree = tree.resolve()
     out = (out or REPO / "build" / "tf_wiring").resolve()
@@ -126,6 +155,30 @@ def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
             obj = out / "obj" / tag / (rel.replace("/", "__") + ".o")
             cmd = cc.command(os.environ.get("CXX", "g++"), tree, rel, src, obj, incs, abi, include)
             units.append(cc.Unit(rel, variant, src, obj, cmd))
+    # The stock versions of the edited library sources (new files have none; the pybind module
+    # exports nothing another object links to), with the stock versions of the patch's headers
+    # and the wheel's own config.pb.h.
+    added = set(consistency.new_files(patch_text))
+    edited = [f for f in sources if f not in added and not f.endswith("tfe_wrapper.cc")]
+    stock = upstream_texts(tree, upstream.resolve() if upstream else None,
+                           edited + [h for h in headers if h not in added])
+    stock_units: list[cc.Unit] = []
+    if stock is not None:
+        stock_overlay = out / "stock-overlay"
+        if stock_overlay.exists():
+            shutil.rmtree(stock_overlay)
+        for rel, text in stock.items():
+            (stock_overlay / rel).parent.mkdir(parents=True, exist_ok=True)
+            (stock_overlay / rel).write_text(text)
+        incs = [f"-I{stock_overlay}"] + cc.include_flags(out / "no-gen", stock_overlay, include,
+                                                          tree, None)[2:]
+        prefixes[str(stock_overlay) + "/"] = "(stock) "
+        for rel in edited:
+            obj = out / "obj" / "stock" / (rel.replace("/", "__") + ".o")
+            cmd = cc.command(os.environ.get("CXX", "g++"), tree, rel, stock_overlay / rel, obj,
+                             incs, abi, include)
+            stock_units.append(cc.Unit(rel, "stock", stock_overlay / rel, obj, cmd))
+        units += stock_units
     inputs = [overlay / h for h in headers] + [gen / "tensorflow/core/protobuf/config.pb.h"]
     log(f"compiling {len(units)} object files (-j{jobs or 2}) into {out / 'obj'}")
     cc.compile_units(units, inputs, prefixes, tree, jobs or 2)
@@ -136,8 +189,12 @@ def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
 
     if all(u.ok for u in units):
         providers = wheel.wheel_symbols(wheel_dir)
+        if stock is not None:
+            gone = set().union(*(symbols.strong_defined(u.obj) for u in stock_units)) if stock_units else set()
+            report.replaced = len(gone)
+            providers = {lib: syms - gone for lib, syms in providers.items()}
         providers.update(symbols.system_symbols())
-        objects = {u.obj: u.rel for u in units}
+        objects = {u.obj: u.rel for u in units if u not in stock_units}
         report.resolution = symbols.resolve(objects, providers)
         for rel, missing in report.resolution["unresolved"].items():
             for name in missing:

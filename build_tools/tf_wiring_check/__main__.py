@@ -21,6 +21,10 @@ def main(argv=None) -> int:
     p.add_argument("--tree", type=Path,
                    help=f"a TensorFlow {TAG} tree with the LMS change applied (default: compose "
                         "one from this checkout's sources into build/tf_wiring/tree)")
+    p.add_argument("--upstream", type=Path,
+                   help=f"the stock {TAG} tree, whose edited files are compiled to take their "
+                        "definitions out of the wheel's symbols (default: the tag in the tree's "
+                        "git history; without either that step is skipped, with a note)")
     p.add_argument("--source", default="debian",
                    help="where the upstream tree comes from when --tree is not given (any "
                         "`python -m build_tools` --source value; default: debian)")
@@ -36,7 +40,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     tree = a.tree or lms_tree(a.source, a.out / "tree")
     report = check(tree, out=a.out, cache=a.cache, patch=a.patch, jobs=a.jobs,
-                   cuda13=not a.no_cuda13)
+                   cuda13=not a.no_cuda13, upstream=a.upstream)
     print(report.text())
     return 0 if report.ok else 1
 
