@@ -2,6 +2,7 @@
 the GPU marker.
 
 Fixtures for other test modules:
+  upstream_source(framework) -> Source    where the real trees come from
   upstream_tree(framework, tag) -> Path   pristine worktree of the real tree at the tag (read-only)
   lms_tree(framework, tag) -> Path        worktree of the tag + the LMS change composed from the
                                           current sources (what the exported patch produces; read-only)
@@ -51,14 +52,22 @@ def test_source(framework: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def upstream_repo():
-    """(framework, tag) -> (bare repo, commit): the real tree imported into the cache."""
+def upstream_source():
+    """framework -> the Source the real trees come from (see test_source)."""
     from build_tools import catalog
     from build_tools.upstream import parse_source
 
-    def get(framework: str, tag: str):
+    def get(framework: str):
         fw = catalog.framework(framework)
-        return parse_source(fw, test_source(fw.name)).ensure(tag)
+        return parse_source(fw, test_source(fw.name))
+    return get
+
+
+@pytest.fixture(scope="session")
+def upstream_repo(upstream_source):
+    """(framework, tag) -> (bare repo, commit): the real tree imported into the cache."""
+    def get(framework: str, tag: str):
+        return upstream_source(framework).ensure(tag)
     return get
 
 

@@ -92,11 +92,9 @@ def _plain_diff(mbox: str) -> str:
 
 
 @pytest.fixture
-def v260(upstream_repo, tmp_path):
+def v260(upstream_repo, upstream_source):
     upstream_repo("pytorch", "v2.6.0")
-    from conftest import test_source
-    fw = catalog.framework("pytorch")
-    return fw, parse_source(fw, test_source("pytorch"))
+    return catalog.framework("pytorch"), upstream_source("pytorch")
 
 
 def test_users_plain_diff_builds_through_the_same_apply_step(v260, tmp_path):
