@@ -125,15 +125,22 @@ def test_broken_source_fails_naming_file_and_error(passing_report, tree, stock, 
     assert "tfe_wrapper.cc: ok ( cached)" in r.stdout
 
 
+def compiled_out(head: str):
+    """An edit that puts the function definition starting with ``head`` (up to its closing brace
+    at the start of a line) under ``#if 0``."""
+    def drop(text: str) -> str:
+        start = text.index(head)
+        end = text.index("\n}\n", start) + 3
+        return text[:start] + "#if 0\n" + text[start:end] + "#endif\n" + text[end:]
+    return drop
+
+
 def test_dropped_definition_is_not_taken_from_the_stock_library(passing_report, tree, stock, tmp_path):
     """ChunkFromHandle compiled out of the edited bfc_allocator.cc: the wheel's libtensorflow_
     framework.so.2 still exports the stock definition, but a build of the patched tree would not
     have it, so the check must not count it as found."""
     rel = "tensorflow/tsl/framework/bfc_allocator.cc"
-    def drop(text: str) -> str:
-        start = text.index("BFCAllocator::Chunk* BFCAllocator::ChunkFromHandle(ChunkHandle h) {")
-        end = text.index("\n}\n", start) + 3
-        return text[:start] + "#if 0\n" + text[start:end] + "#endif\n" + text[end:]
+    drop = compiled_out("BFCAllocator::Chunk* BFCAllocator::ChunkFromHandle(ChunkHandle h) {")
     bad = broken_copy(tree, tmp_path / "tree", rel, drop)
     r = twc.check(bad, out=OUT, upstream=stock)
     assert not r.ok and all(u.ok for u in r.units), r.text()
@@ -145,10 +152,7 @@ def test_dropped_definition_is_not_taken_from_the_stock_library(passing_report, 
 def test_missing_definition_fails_the_link_step(passing_report, tree, stock, tmp_path):
     """GetLmsStats compiled out of bfc_allocator_lms.cc: everything compiles, the pybind module's
     reference to it is left unresolved, and the check says who needs it."""
-    def drop(text: str) -> str:
-        start = text.index("LmsStats BFCAllocator::GetLmsStats() {")
-        end = text.index("\n}\n", start) + 3
-        return text[:start] + "#if 0\n" + text[start:end] + "#endif\n" + text[end:]
+    drop = compiled_out("LmsStats BFCAllocator::GetLmsStats() {")
     bad = broken_copy(tree, tmp_path / "tree", BFC_LMS, drop)
     r = twc.check(bad, out=OUT, upstream=stock)
     assert not r.ok and all(u.ok for u in r.units), r.text()

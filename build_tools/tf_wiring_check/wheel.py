@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -41,19 +40,9 @@ def log(msg: str) -> None:
 
 
 def wheel_file(cache: Path) -> Path:
-    """The GPU wheel in ``cache``, downloaded once with pip (PyPI or the configured mirror)."""
-    found = sorted(cache.glob(WHEEL_GLOB))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        log(f"downloading tensorflow=={TF_VERSION} (GPU wheel, cp311, ~490 MB) into {cache}")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
-             f"tensorflow=={TF_VERSION}", "-d", str(cache)], check=True)
-        found = sorted(cache.glob(WHEEL_GLOB))
-    if not found:
-        raise SystemExit(f"no {WHEEL_GLOB} in {cache}")
-    return found[-1]
+    """The GPU wheel (cp311, ~490 MB) in ``cache``, downloaded once with pip."""
+    from ..tf_allocator_build import pip_wheel
+    return pip_wheel(f"tensorflow=={TF_VERSION}", "3.11", cache, WHEEL_GLOB, say=log)
 
 
 def _dynamic_symbols(lib: Path) -> list[str]:
