@@ -99,7 +99,7 @@ class TagProfile:
     patch_override: Path | None = field(default=None, compare=False)
     # For a tag with no profile of its own: the supported tag whose build settings it borrows.
     borrowed_from: str | None = None
-    notes_before: tuple[str, ...] | list[str] = field(default=(), compare=False)  # said first by notes()
+    notes_before: tuple[str, ...] = field(default=(), compare=False)  # said first by notes()
 
     @property
     def dir(self) -> Path:
@@ -128,16 +128,17 @@ class TagProfile:
 
     def notes(self) -> list[str]:
         """What a user must know before building with this profile."""
-        if not self.borrowed_from:
-            if self.patch_override is None:
-                return list(self.notes_before)
-            return [*self.notes_before, f"the patch applied is {self.patch_file}, not the committed "
-                    f"{self.framework.name}_{self.tag}{PATCH_SUFFIX}: the wheel's version label is the same"]
-        return [*self.notes_before, f"{self.framework.title} {self.tag} has no profile of its own: its build settings "
-                f"(Python, CUDA and compiler ranges, build environment) are {self.borrowed_from}'s, the "
-                f"nearest supported tag; {self.tag} may need others (check its own build docs).",
-                f"the patch applied is {self.patch_file}: nothing in this repository has tested it on "
-                f"{self.tag}."]
+        out = list(self.notes_before)
+        if self.borrowed_from:
+            out.append(f"{self.framework.title} {self.tag} has no profile of its own: its build settings "
+                       f"(Python, CUDA and compiler ranges, build environment) are {self.borrowed_from}'s, the "
+                       f"nearest supported tag; {self.tag} may need others (check its own build docs).")
+            out.append(f"the patch applied is {self.patch_file}: nothing in this repository has tested it on "
+                       f"{self.tag}.")
+        elif self.patch_override is not None:
+            out.append(f"the patch applied is {self.patch_file}, not the committed "
+                       f"{self.framework.name}_{self.tag}{PATCH_SUFFIX}: the wheel's version label is the same")
+        return out
 
 
 def src_dir(fw: Framework) -> Path:

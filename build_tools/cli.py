@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from . import LMS_VERSION, catalog
@@ -156,10 +156,10 @@ def _build_profile(args, fw: catalog.Framework, source: Source):
     work = common.BUILD_ROOT / f"{fw.name}-{args.tag}-rebase"
     wt, out = work / "src", work / f"{fw.name}_{args.tag}_rebased_from_{near}.patch"
     supported = ", ".join(catalog.supported_tags(fw))
-    prof = replace(catalog.profile_with_patch(fw, args.tag, out), notes_before=[
+    prof = replace(catalog.profile_with_patch(fw, args.tag, out), notes_before=(
         f"{fw.title} {args.tag} is not supported: no LMS patch ships for it (Supported {fw.title} tags: "
         f"{supported}); this plan starts from {near}'s patch, rebased onto {args.tag}. With a patch of your "
-        f"own: PATCH=<file or URL>"])
+        f"own: PATCH=<file or URL>",))
     step = Step(f"no {fw.title} {args.tag} patch ships: rebase the shipped {near} patch onto {args.tag} with "
                 f"`git am -3`; stop with a file-by-file report of what is left if conflicts remain, else write "
                 f"the result to {out}",
