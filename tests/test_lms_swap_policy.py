@@ -192,6 +192,22 @@ def test_reserve_factor_learning(m):
     assert f(7.9, 79 * G, 78 * G) == 8.0                    # capped
 
 
+def test_slack_grows_only_from_steps_that_moved_memory_and_hit_the_edge(m):
+    GiB, MiB = 1 << 30, 1 << 20
+    limit = 64 * GiB
+    big = limit // 16  # moved a 16th of the limit: well past a batch stock trains
+    assert m.next_slack(0, released=True, swapped=big, limit=limit) == GiB  # a 64th
+    assert m.next_slack(0, released=True, swapped=0, limit=limit) == 0  # stock's own
+    assert m.next_slack(0, released=True, swapped=big - 1, limit=limit) == 0  # near 1.0x
+    assert m.next_slack(0, released=False, swapped=big, limit=limit) == 0
+    assert m.next_slack(3 * GiB, released=False, swapped=big, limit=limit) == 3 * GiB
+    assert m.next_slack(0, True, GiB, limit=4 * GiB) == 256 * MiB  # at least 256 MiB
+    s = 0
+    for _ in range(100):
+        s = m.next_slack(s, True, big, limit)
+    assert s == limit // 16  # capped
+
+
 def test_plan_learning(m):
     G = 1 << 30
     # swapped nothing, forward ended 3 GiB above the trigger: plan 3 GiB (+ slack)

@@ -61,3 +61,75 @@ def test_a_first_step_that_needs_2x_trains_with_defaults(cuda_only):
     assert st["swap.out_bytes"] > 0, st  # the step did not fit: activations went out
     later = [b - a for a, b in zip(ev, ev[1:])]
     assert sum(later[-4:]) == 0, ev  # settled
+
+
+def test_the_nets_running_peak_leaves_the_programs_peak_alone(lms_swap, cuda_only):
+    """mark_peak/peak_growth measure from a mark, in requested bytes, and the program's
+    own max_memory_allocated keeps counting from where it was; released() counts the
+    segments the allocator gives back."""
+    g = lms_swap.load_guard(required=True)
+    was_armed = g.armed()
+    g.arm(True)  # attaches the running peak to the allocator
+    try:
+        dev = torch.cuda.current_device()
+        MiB = 1 << 20
+        a = torch.empty(512 * MiB, dtype=torch.uint8, device="cuda")
+        del a
+        program_peak = torch.cuda.max_memory_allocated()
+        g.mark_peak(dev)
+        assert g.peak_growth(dev) == 0
+        b = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        c = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+        del c
+        assert g.peak_growth(dev) == 96 * MiB
+        g.mark_peak(dev)
+        del b
+        assert g.peak_growth(dev) == 0
+        assert torch.cuda.max_memory_allocated() >= program_peak  # not reset
+        released = g.released(dev)
+        torch.cuda.empty_cache()  # gives cached segments back: counted
+        assert g.released(dev) > released
+    finally:
+        g.arm(was_armed)
+
+
+def test_the_margin_comes_down_after_one_heavy_backward(lms_swap, cuda_only):
+    """One backward that needs 6 GiB of scratch (a first step at twice the memory, an odd
+    batch) teaches a large margin; the steps after it need far less, and the margin must
+    follow them down (damped), not stay at the program's all-time peak."""
+    lms_swap.load_guard(required=True)
+    GiB = 1 << 30
+    heavy = [True]
+
+    class Scratch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            if heavy[0]:
+                t = torch.empty(6 * GiB, dtype=torch.uint8, device="cuda")
+                t.fill_(1)
+                del t
+            return grad
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(4096, 4096), torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers).cuda()
+    x = torch.randn(8192, 4096, device="cuda")
+    sw = lms_swap.ActivationSwapper()  # defaults: the net on, margin learned
+    margins = []
+    for step in range(7):
+        heavy[0] = step == 0
+        with sw:
+            loss = Scratch.apply(net(x)).pow(2).mean()
+        loss.backward()
+        net.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        margins.append([v for k, v in sw.stats().items() if k.endswith(".margin_bytes")][0])
+    # margins[i] is what step i's forward kept: step 1's is the heavy step's lesson
+    assert margins[1] > 6 * GiB, margins
+    assert margins[-1] < margins[1] / 4, margins

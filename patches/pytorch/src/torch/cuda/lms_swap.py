@@ -67,8 +67,11 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
 ``margin``
     bytes kept free at the end of forward for backward: forward swaps so that it ends
     this far under the limit.  Default: learned (``adaptive_margin``, default True) as
-    backward's peak over forward's end, from every step (exactly from a step whose
-    backward set a new peak, else only ever lowered by that upper bound), never under
+    backward's peak over forward's end, from every step (exactly with the eviction
+    net, which keeps a running peak of its own; without it from a step whose backward
+    set a new ``max_memory_allocated``, else only ever lowered by that bound), plus a
+    slack learned from steps that moved memory and still made the caching allocator
+    release cached memory to serve a request (``next_slack``), never under
     ``min_margin_factor`` times the largest saved tensor (default: 1 without the
     eviction net, 0 with it: a margin learned too low then costs an eviction, and a
     floor of one ResNet-50 activation made it swap 3.3 GiB a step at a batch stock
@@ -82,8 +85,8 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
 ``prefetch_reserve_factor``
     backward's prefetching fills device memory only up to forward's end and up to the
     limit less the margin and less this many (default 3) times the largest saved
-    tensor (raised by a quarter after a step whose backward went over the limit, never
-    lowered: backward's biggest allocations, e.g. ResNet-50's first layers allocating
+    tensor (raised by a quarter after a step whose backward the eviction net had to
+    rescue, or without the net whose backward went over the limit; never lowered: backward's biggest allocations, e.g. ResNet-50's first layers allocating
     twice their largest activation in fp32, come at moments no measurement at other
     moments predicts).
 ``plan``
@@ -149,7 +152,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -874,6 +877,25 @@ def next_reserve_factor(current: float, peak: int, limit: int) -> float:
     return min(8.0, k)
 
 
+def next_slack(current: int, released: bool, swapped: int, limit: int) -> int:
+    """Device bytes kept free on top of the learned margin, after a step.
+
+    A step that moved memory (swapped, or the net evicted) and in which the caching
+    allocator still had to release cached segments to serve a request ran the
+    allocator to its edge: each such retry synchronises the device and remaps what it
+    gave back (0.1 s each for a UNet at 1.5x on the H100, 5 of them a step with the
+    exact margin), while a GiB more swapped costs some 40 ms of copies that overlap
+    compute.  Raise by a 64th of the limit (at least 256 MiB), up to a 16th; never
+    lowered.  A step that moved less than a 16th of the limit (``swapped`` bytes) is
+    left alone: at a batch stock PyTorch trains, the retries are stock's own (ViT-L
+    there retries once a step, stock as well), and a slack learned from them doubled
+    what it swapped and pinned (4 GiB a step, host RSS 4.2 GiB over stock's)."""
+    cur = max(0, int(current))
+    if released and swapped >= int(limit) // 16:
+        cur = min(int(limit) // 16, cur + max(256 * MiB, int(limit) // 64))
+    return cur
+
+
 def next_margin_factor(
     current: Optional[float],
     largest: int,
@@ -951,7 +973,8 @@ class _DevState:
         "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
         "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
         "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
-        "prev_off", "prev_growth", "guard_seen",
+        "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
+        "released_seen", "fwd_evicted",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -982,6 +1005,10 @@ class _DevState:
         self.planned = 0     # bytes swapped by the plan in this forward
         self.reactive = 0    # bytes swapped under pressure in this forward
         self.guard_seen = 0  # the eviction net's evicted bytes when this phase began
+        self.peak_marked = False  # the net's running peak was marked at backward's start
+        self.slack = 0       # kept free on top of the learned margin (next_slack)
+        self.released_seen = 0  # the allocator's released segments when the step began
+        self.fwd_evicted = 0    # the net's evictions in this step's forward
 
 
 class ActivationSwapper:
@@ -1115,6 +1142,7 @@ class ActivationSwapper:
             for dev, st in self._dev.items():
                 tag = f"dev{dev}" if dev is not None else "cpu"
                 out[f"policy.{tag}.margin_bytes"] = st.margin
+                out[f"policy.{tag}.slack_bytes"] = st.slack
                 out[f"policy.{tag}.device_limit_bytes"] = st.limit
                 out[f"policy.{tag}.plan_bytes"] = st.plan
                 out[f"policy.{tag}.prefetch_reserve_bytes"] = (
@@ -1204,7 +1232,7 @@ class ActivationSwapper:
         if cfg.margin is not None:
             st.margin = int(cfg.margin)
         elif st.k is not None:
-            st.margin = max(int(cfg.min_margin), int(st.k * st.largest))
+            st.margin = max(int(cfg.min_margin), int(st.k * st.largest)) + st.slack
         elif cfg.first_margin_fraction is None and self._net_idle(st):
             # first step, with the net, until the net first has to move something: no
             # forecast (a step that fits swaps nothing and pins no host memory)
@@ -1262,17 +1290,27 @@ class ActivationSwapper:
             # piece in a fragmented cache, and a margin raised by the requests alone let
             # it fail in 9 of the next 10 steps, each costing a second.)
             bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
+            guard = self._guard()
+            if guard is not None and st.index is not None:
+                released = guard.released(st.index)
+                moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
+                st.slack = next_slack(st.slack, released > st.released_seen, moved,
+                                      self._device_limit(st))
+                st.released_seen = released
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None):
-                peak = torch.cuda.max_memory_allocated(st.index)
-                before = 0 if bwd_evicted > 0 else (st.peak_before or 0)
+                peak, exact = self._backward_peak(st)
+                before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
                 old_k = st.k
                 st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
                                           before, peak + bwd_evicted,
                                           int(self.config.min_margin),
                                           self._min_margin_factor())
                 st.k = damped(st.k, old_k)
-                if peak > (st.peak_before or 0):
+                # over the limit is harm only where the net had to move memory (the
+                # allocator's own retries are the slack's business); without the net,
+                # from a step that set a new peak
+                if (bwd_evicted > 0) if exact else (peak > (st.peak_before or 0)):
                     st.reserve_k = next_reserve_factor(self._reserve_factor(st), peak,
                                                        self._device_limit(st))
                 self.c["margin_updates"] += 1
@@ -1288,8 +1326,22 @@ class ActivationSwapper:
             st.swapped_in_fwd = 0
             st.planned = 0
             st.reactive = 0
+            st.fwd_evicted = 0
             st.saved = 0
             st.rec_off, st.rec_unswapped = [], []
+
+    def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
+        """The device allocation at its highest since backward began, and whether that
+        is this backward's own peak.  With the net, exact: the level at backward's start
+        plus the net's running peak since then.  Without it, the program's
+        ``max_memory_allocated``, which lms_swap must not reset: an older step's peak
+        when this one set none, so only an upper bound (a first step at twice the
+        memory held a UNet's margin at 28.5 GB for good)."""
+        guard = self._guard()
+        if guard is not None and st.peak_marked:
+            st.peak_marked = False
+            return int(st.fwd_end) + int(guard.peak_growth(st.index)), True
+        return torch.cuda.max_memory_allocated(st.index), False
 
     def _net_evicted(self, st: _DevState, counter: str) -> int:
         """Bytes the eviction net moved since the last phase began (counted under
@@ -1320,11 +1372,15 @@ class ActivationSwapper:
         self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
         for st in self._dev.values():
             # the net's evictions in forward were swaps the forecast should have planned
-            fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
+            fwd_evicted = st.fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
             st.cursor = len(st.order)
             st.prev_saved = st.saved
             if st.index is not None and self.config.policy == "auto":
                 st.fwd_end = self._allocated(st)
+                guard = self._guard()
+                if guard is not None:
+                    guard.mark_peak(st.index)
+                    st.peak_marked = True
                 st.prev_off = st.rec_off
                 st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped,
                                                st.fwd_end, st.planned + st.reactive)

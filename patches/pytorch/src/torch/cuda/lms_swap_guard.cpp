@@ -15,6 +15,12 @@
 // original and catches its OutOfMemoryError (exact size, after the allocator's own
 // retries, with no allocator lock held).  Nothing else of the allocator changes.
 //
+// The net also keeps, fed by the allocator's trace callbacks, a per-device running peak
+// of requested device bytes, which lms_swap marks at each backward's start (backward's
+// exact peak every step, without resetting the program's own max_memory_allocated), and
+// a count of the segments the allocator released (how lms_swap sees a step that ran the
+// allocator to its edge).
+//
 // Invariants:
 // - Only a slot whose storage nobody else references is evicted (use_count 1): no tensor
 //   of the program can still reach those bytes.  The copy runs on the current stream of
@@ -322,6 +328,48 @@ void redirect_allocate() {
   __atomic_store_n(reinterpret_cast<void***>(alloc), g_vtable.data() + 2, __ATOMIC_RELEASE);
 }
 
+// ---- a running peak of requested bytes per device ------------------------------------
+// Fed by the allocator's trace callbacks (called under that device's allocator lock for
+// every allocation and free request; nothing else is recorded unless the program turns
+// the allocator's history on).  Levels count from the moment of attachment, so only
+// differences mean anything: peak_growth() is the highest level since mark_peak() less
+// the level at the mark.
+constexpr int kMaxDevices = 64;
+std::atomic<int64_t> g_level[kMaxDevices];
+std::atomic<int64_t> g_peak[kMaxDevices];
+std::atomic<int64_t> g_mark[kMaxDevices];
+std::atomic<int64_t> g_released[kMaxDevices];  // segments the allocator gave back
+
+void track(const c10::cuda::CUDACachingAllocator::TraceEntry& te) {
+  using TE = c10::cuda::CUDACachingAllocator::TraceEntry;
+  const int d = static_cast<int>(te.device_);
+  if (d < 0 || d >= kMaxDevices) return;
+  if (te.action_ == TE::ALLOC) {
+    const int64_t now =
+        g_level[d].fetch_add(static_cast<int64_t>(te.size_), std::memory_order_relaxed) +
+        static_cast<int64_t>(te.size_);
+    int64_t p = g_peak[d].load(std::memory_order_relaxed);
+    while (now > p && !g_peak[d].compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+    }
+  } else if (te.action_ == TE::FREE_REQUESTED) {
+    g_level[d].fetch_sub(static_cast<int64_t>(te.size_), std::memory_order_relaxed);
+  } else if (te.action_ == TE::SEGMENT_FREE || te.action_ == TE::SEGMENT_UNMAP) {
+    // the allocator released cached memory: to serve a request it could not (a
+    // retry, which synchronises the device), or at the program's empty_cache()
+    g_released[d].fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void attach_tracker() {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    g_level[d] = 0;
+    g_peak[d] = 0;
+    g_mark[d] = 0;
+    g_released[d] = 0;
+  }
+  c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&track);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -361,8 +409,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return py::cast(t);
            });
   m.def("arm", [](bool on) {
+    // the caching allocator creates its per-device parts at CUDA's lazy init; a trace
+    // tracker attached before that reaches none of them
+    py::module_::import("torch.cuda").attr("init")();
     static std::once_flag redirected;
-    std::call_once(redirected, redirect_allocate);
+    std::call_once(redirected, [] {
+      redirect_allocate();
+      attach_tracker();
+    });
     Guard::get().arm(on);
   });
   m.def("armed", []() { return Guard::get().armed(); });
@@ -376,6 +430,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     py::gil_scoped_release nogil;
     return Guard::get().evict(device, need);
   }, "evict slots of `device` until `need` bytes were freed (tests and diagnostics)");
+  m.def("mark_peak", [](int device) {
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "mark_peak: bad device ", device);
+    const int64_t now = g_level[device].load();
+    g_mark[device] = now;
+    g_peak[device] = now;
+  }, "start a new running peak on `device` at its current level (the net must be armed)");
+  m.def("peak_growth", [](int device) -> int64_t {
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "peak_growth: bad device ", device);
+    return std::max<int64_t>(0, g_peak[device].load() - g_mark[device].load());
+  }, "requested bytes on `device` at their highest since mark_peak, less those at the mark");
+  m.def("released", [](int device) -> int64_t {
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "released: bad device ", device);
+    return g_released[device].load();
+  }, "segments the allocator released on `device` since the net was armed");
   m.def("stats", []() {
     py::dict d = Guard::get().stats();
     d["allocations_seen"] = g_allocations.load();
