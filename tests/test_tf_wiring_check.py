@@ -80,10 +80,11 @@ def test_lms_wiring_compiles_and_links(passing_report, tree):
         assert (rel, twc.WHEEL_CUDA) in built, rel
     for rel in sources:
         if rel.startswith(twc.GPU_DIR):
-            assert (rel, "cuda-13") in built, rel
+            assert (rel, "cuda-12") in built and (rel, "cuda-13") in built, rel
     assert {"tensorflow/python/tfe_wrapper.cc", "tensorflow/core/common_runtime/gpu/gpu_process_state.cc",
             "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"} <= {u.rel for u in r.units}
     assert r.cuda_variants[twc.WHEEL_CUDA] == 11080 and r.cuda_variants["cuda-13"] >= 13000
+    assert 12000 <= r.cuda_variants["cuda-12"] < 13000
     # the stock versions of the edited library files were compiled, their definitions set aside
     assert {u.rel for u in r.units if u.variant == "stock"} == {
         "tensorflow/tsl/framework/bfc_allocator.cc",

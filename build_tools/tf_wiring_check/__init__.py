@@ -7,7 +7,8 @@ the next best proof that ``make build TF=v2.14.1`` will not fail on the patch:
    ``config.proto`` by protoc 3.21.9 (the release TF 2.14.1 pins), is compiled into an object
    file with the flags of TensorFlow's Linux GPU build (``flags.py``, read from the tree) against
    the official ``tensorflow==2.14.1`` GPU wheel's headers (``wheel.py``); the files of
-   ``tensorflow/core/common_runtime/gpu/`` once more against CUDA 13 headers (the page backend's
+   ``tensorflow/core/common_runtime/gpu/`` once more against CUDA 12 headers (setup's 12.4: the
+   driver API of the 12.x a TensorFlow build pins) and CUDA 13 headers (the page backend's
    host-NUMA VMM calls are compiled out below CUDA 12.2, and the wheel ships CUDA 11.8);
 2. every symbol those objects need is defined by the wheel's libraries, the C/C++ runtime or
    the patch's own objects, and none is defined twice (``symbols.py``); what the stock versions
@@ -106,7 +107,7 @@ def upstream_texts(tree: Path, upstream: Path | None, rels: list[str]) -> dict[s
 
 
 def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
-          patch: Path = PATCH, jobs: int | None = None, cuda13: bool = True,
+          patch: Path = PATCH, jobs: int | None = None, other_cuda: bool = True,
           upstream: Path | None = None) -> Report:
     """Runs all checks on ``tree`` (a v2.14.1 tree with the LMS change applied); ``upstream``
     is the stock v2.14.1 tree (default: the tag in ``tree``'s git history, if it has one)."""
@@ -122,14 +123,20 @@ def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
     wheel_dir = wheel.ensure(cache)
     include = wheel_dir / "tensorflow" / "include"
     report.cuda_variants[WHEEL_CUDA] = wheel.cuda_version(include / cc.CUDA_INCLUDE)
-    variants: dict[str, Path | None] = {WHEEL_CUDA: None}
-    if cuda13:
+    # a variant's CUDA headers: the folder with cuda.h, then any more (CUDA 12's wheels keep
+    # crt/ in another one); None: the wheel's own
+    variants: dict[str, list[Path] | None] = {WHEEL_CUDA: None}
+    if other_cuda:
+        # CUDA 12 (setup's 12.4 wheels) stands for the 12.x a TensorFlow build pins, whose
+        # driver API lacks what 13 added; CUDA 13 for what the GPU machine builds with
         from .. import cuda_headers
-        found = cuda_headers.find(13)
-        if found is None:
-            raise SystemExit("no CUDA 13 headers: `make setup` installs NVIDIA's header wheels")
-        variants["cuda-13"] = found.home / "include"
-        report.cuda_variants["cuda-13"] = wheel.cuda_version(found.home / "include")
+        for major in (12, 13):
+            found = cuda_headers.find(major)
+            if found is None:
+                raise SystemExit(f"no CUDA {major} headers: `make setup` installs NVIDIA's "
+                                 "header wheels")
+            variants[f"cuda-{major}"] = list(found.includes)
+            report.cuda_variants[f"cuda-{major}"] = wheel.cuda_version(found.home / "include")
 
     try:
         gen, report.protoc = cc.regenerate_config_proto(tree, out / "gen")

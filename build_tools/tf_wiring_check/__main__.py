@@ -35,12 +35,12 @@ def main(argv=None) -> int:
     p.add_argument("--patch", type=Path, default=PATCH,
                    help="the exported patch naming the files to check (default: %(default)s)")
     p.add_argument("--jobs", "-j", type=int, default=2, help="parallel compilations (default: 2)")
-    p.add_argument("--no-cuda13", action="store_true",
-                   help="skip the second compilation of the GPU files against CUDA 13 headers")
+    p.add_argument("--no-other-cuda", action="store_true",
+                   help="skip compiling the GPU files again against CUDA 12 and CUDA 13 headers")
     a = p.parse_args(argv)
     tree = a.tree or lms_tree(a.source, a.out / "tree")
     report = check(tree, out=a.out, cache=a.cache, patch=a.patch, jobs=a.jobs,
-                   cuda13=not a.no_cuda13, upstream=a.upstream)
+                   other_cuda=not a.no_other_cuda, upstream=a.upstream)
     print(report.text())
     return 0 if report.ok else 1
 

@@ -91,16 +91,21 @@ def make_overlay(tree: Path, files: list[str], overlay: Path) -> None:
 
 
 def include_flags(gen: Path, overlay: Path, wheel_include: Path, tree: Path,
-                  cuda_include: Path | None) -> list[str]:
+                  cuda_includes: list[Path] | None) -> list[str]:
     out = [f"-I{gen}", f"-I{overlay}"]
-    if cuda_include is not None:
+    if cuda_includes:
+        cuda_include, *more = cuda_includes
         # Another CUDA than the wheel's 11.8: its headers stand where TensorFlow includes
-        # them from ("third_party/gpus/cuda/include/cuda.h"), ahead of the wheel's.
-        link = overlay.parent / "cuda-root" / CUDA_INCLUDE
+        # them from ("third_party/gpus/cuda/include/cuda.h"), ahead of the wheel's; one root
+        # per CUDA, as the variants compile side by side.
+        key = hashlib.sha256(str(cuda_include.resolve()).encode()).hexdigest()[:12]
+        root = overlay.parent / "cuda-roots" / key
+        link = root / CUDA_INCLUDE
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(cuda_include)
-        out.append(f"-I{overlay.parent / 'cuda-root'}")
+        out.append(f"-I{root}")
+        out += [f"-I{m}" for m in more]
     out.append(f"-I{wheel_include}")
     out += [f"-I{wheel_include / e}" for e in EXTERNAL_INCLUDES]
     return out + ["-idirafter", str(tree)]

@@ -184,6 +184,42 @@ class GpuLmsPageBackend : public LmsPageBackend {
   const size_t scratch_pages_;
 };
 
+#if CUDA_VERSION >= 12020
+// Whether the device maps host-NUMA pages with the VMM calls.  cuda.h names the attribute
+// from CUDA 12.9 on; against the 12.2-12.8 headers a TensorFlow build pins it is asked
+// for by its number, which a driver that knows it answers.  An older driver rejects the
+// question: then one host page is created and released.
+#if CUDA_VERSION >= 12090
+constexpr CUdevice_attribute kHostNumaVmmAttribute =
+    CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
+#else
+constexpr CUdevice_attribute kHostNumaVmmAttribute =
+    static_cast<CUdevice_attribute>(141);
+#endif
+
+bool HostNumaVmmSupported(CUdevice dev, int numa_id) {
+  int supported = 0;
+  if (cuDeviceGetAttribute(&supported, kHostNumaVmmAttribute, dev) ==
+      CUDA_SUCCESS) {
+    return supported != 0;
+  }
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  prop.location.id = numa_id;
+  size_t granularity = 0;
+  if (cuMemGetAllocationGranularity(&granularity, &prop,
+                                    CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+      CUDA_SUCCESS) {
+    return false;
+  }
+  CUmemGenericAllocationHandle handle;
+  if (cuMemCreate(&handle, granularity, &prop, 0) != CUDA_SUCCESS) return false;
+  cuMemRelease(handle);
+  return true;
+}
+#endif
+
 }  // namespace
 
 tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
@@ -195,13 +231,12 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
   ScopedContext sc(context);
   CUdevice dev;
   TF_RETURN_IF_ERROR(CuStatus(cuDeviceGet(&dev, device_ordinal), "cuDeviceGet"));
-  int vmm = 0, host_vmm = 0, numa_id = 0;
+  int vmm = 0, numa_id = 0;
   cuDeviceGetAttribute(
       &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
-  cuDeviceGetAttribute(
-      &host_vmm, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-      dev);
   cuDeviceGetAttribute(&numa_id, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+  if (numa_id < 0) numa_id = 0;
+  const int host_vmm = vmm && HostNumaVmmSupported(dev, numa_id) ? 1 : 0;
   if (!vmm || !host_vmm) {
     return tsl::errors::Unimplemented(
         "Large Model Support needs CUDA virtual memory management with host "
@@ -209,7 +244,6 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
         device_ordinal, " (VMM supported: ", vmm, ", host NUMA VMM: ", host_vmm,
         ")");
   }
-  if (numa_id < 0) numa_id = 0;
   size_t page = 2 << 20;
   for (bool host : {false, true}) {
     CUmemAllocationProp prop = {};
