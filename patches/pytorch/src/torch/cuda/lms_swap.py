@@ -86,9 +86,10 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     backward's prefetching fills device memory only up to forward's end and up to the
     limit less the margin and less this many (default 3) times the largest saved
     tensor (raised by a quarter after a step whose backward the eviction net had to
-    rescue, or without the net whose backward went over the limit; never lowered: backward's biggest allocations, e.g. ResNet-50's first layers allocating
-    twice their largest activation in fp32, come at moments no measurement at other
-    moments predicts).
+    rescue, or without the net whose backward went over the limit; never lowered:
+    backward's biggest allocations, e.g. ResNet-50's first layers allocating twice
+    their largest activation in fp32, come at moments no measurement at other moments
+    predicts).
 ``plan``
     (default True) learn from each step how many bytes had to be swapped and, in the
     next step, swap that much from the *start* of forward: the copies out then overlap
