@@ -1382,11 +1382,14 @@ class ActivationSwapper:
                 if guard is not None:
                     guard.mark_peak(st.index)
                     st.peak_marked = True
+                else:
+                    # without the net: the program's peak so far, which the next
+                    # forward compares backward's against (_backward_peak)
+                    st.peak_before = torch.cuda.max_memory_allocated(st.index)
                 st.prev_off = st.rec_off
                 st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped,
                                                st.fwd_end, st.planned + st.reactive)
                 st.rec_off, st.rec_unswapped = [], []
-                st.peak_before = torch.cuda.max_memory_allocated(st.index)
                 if self.config.plan:
                     trig = swap_trigger(self._device_limit(st), self._margin(st))
                     swapped = st.planned + st.reactive + fwd_evicted
