@@ -18,6 +18,10 @@ DEV = "cuda"
 SEARCH = {
     "llama": (1, 128),
     "mistral-gqa": (1, 128),
+    # the three configurations the "It trains" issue was filed with (never tuned on)
+    "llama-1b": (1, 64),
+    "vit-l-448": (8, 1024),
+    "efficientnet-b7": (4, 512),
     "t5": (4, 1024),
     "vit-l": (8, 2048),
     "efficientnet-b3": (8, 2048),
@@ -32,9 +36,10 @@ def _gen():
 
 
 def _decoder(config_cls, model_cls, batch, seq=2048, **kw):
-    cfg = config_cls(hidden_size=2048, intermediate_size=5632, num_hidden_layers=12,
-                     num_attention_heads=16, vocab_size=32000,
-                     max_position_embeddings=seq, **kw)
+    sizes = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=12,
+                 num_attention_heads=16, vocab_size=32000)
+    sizes.update(kw)
+    cfg = config_cls(max_position_embeddings=seq, **sizes)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = model_cls(cfg).to(DEV)
@@ -88,6 +93,11 @@ def build(name, batch):
     if name == "mistral-gqa":
         from transformers import MistralConfig, MistralForCausalLM
         return _decoder(MistralConfig, MistralForCausalLM, batch, num_key_value_heads=4)
+    if name == "llama-1b":
+        # TinyLlama-1.1B's published sizes (22 layers, 32 heads, 4 key/value heads), seq 4096
+        from transformers import LlamaConfig, LlamaForCausalLM
+        return _decoder(LlamaConfig, LlamaForCausalLM, batch, seq=4096, num_hidden_layers=22,
+                        num_attention_heads=32, num_key_value_heads=4)
     if name == "t5":
         from transformers import T5Config, T5ForConditionalGeneration
         cfg = T5Config(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12,
@@ -103,7 +113,7 @@ def build(name, batch):
             return model(input_ids=src, labels=tgt).loss
 
         return model, loss_fn, batch * (512 + 128), "tok/s"
-    if name in ("vit-l", "efficientnet-b3", "resnet50"):
+    if name in ("vit-l", "vit-l-448", "efficientnet-b3", "efficientnet-b7", "resnet50"):
         if name == "resnet50":
             import torchvision
             torch.manual_seed(0)
@@ -112,8 +122,11 @@ def build(name, batch):
             import timm
             torch.manual_seed(0)
             arch, size = {"vit-l": ("vit_large_patch16_224", 224),
-                          "efficientnet-b3": ("efficientnet_b3", 320)}[name]
-            model = timm.create_model(arch, pretrained=False, num_classes=1000)
+                          "vit-l-448": ("vit_large_patch16_224", 448),
+                          "efficientnet-b3": ("efficientnet_b3", 320),
+                          "efficientnet-b7": ("efficientnet_b7", 600)}[name]
+            extra = {"img_size": size} if arch.startswith("vit") else {}
+            model = timm.create_model(arch, pretrained=False, num_classes=1000, **extra)
         model = model.to(DEV)
         x = _images(batch, size)
         y = torch.randint(0, 1000, (batch,), device=DEV, generator=_gen())
