@@ -221,6 +221,30 @@ def test_plan_learning(m):
     assert p == 10 * G
 
 
+def test_plan_follows_forward_peak_where_it_is_nearer_its_bound(m):
+    G = 1 << 30
+    # a decoder: forward ends 13 GiB under the trigger, but its loss peaked at the
+    # allocator's capacity after the net had moved 8 GiB (in the 38 GiB moved): the
+    # next forward swaps what the net moved from its start, and more slack
+    assert m.next_plan(38 * G, 52 * G, 65 * G, G, peak_over=0) == 39 * G
+    # the end alone would have lowered it below what this step had to move
+    assert m.next_plan(38 * G, 52 * G, 65 * G, G) == 26 * G
+    # a forward whose end is nearer its bound than its peak: the end decides
+    assert m.next_plan(10 * G, 70 * G, 65 * G, G, peak_over=-2 * G) == 16 * G
+    assert m.next_plan(0, 50 * G, 65 * G, G, peak_over=-20 * G) == 0
+
+
+def test_net_evictions_in_forward_count_as_swapped_in_the_next_prediction(m):
+    G = 1 << 30
+    # forward read the allocation at 20 and 40 GiB saved; at its loss the net moved
+    # 8 GiB; it ended at 52 GiB allocated with 30 GiB swapped
+    off = [20 * G, 40 * G]
+    growth = m.growth_to_end(off, [45 * G, 80 * G], 52 * G, 30 * G + 8 * G)
+    # at the 40 GiB point (50 GiB allocated there) the next forward sees its end at
+    # 60 GiB, not 52: what the net moved was forward's memory too
+    assert m.predict_forward_end(50 * G, 40 * G, off, growth, 45 * G) == 60 * G
+
+
 def test_tail_rule(m):
     G = 1 << 30
     # the previous forward saved 40 GiB; the largest saved tensor is 3 GiB
