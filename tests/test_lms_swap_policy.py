@@ -508,6 +508,7 @@ def _rss() -> int:
 
 def test_pool_gives_host_memory_back_after_steps_that_need_less(m):
     pool = m.HostPool(limit=1 << 40, pin=False)
+    assert pool.keep_steps == 8
     bufs = [pool.alloc(64 * MiB) for _ in range(4)]
     for b in bufs:
         b.fill_(1)                                    # resident pages
@@ -515,26 +516,56 @@ def test_pool_gives_host_memory_back_after_steps_that_need_less(m):
         pool.free(b)
     del bufs, b
     held = _rss()
-    assert pool.end_step() == 0                       # this step used 256 MiB
-    assert pool.end_step() == 0                       # ... and is one of the last two
+    for _ in range(pool.keep_steps):                  # this step used 256 MiB, and it
+        assert pool.end_step() == 0                   # is one of the last keep_steps
     assert pool.reserved == 256 * MiB
-    assert pool.end_step() == 256 * MiB               # two steps that used nothing
+    assert pool.end_step() == 256 * MiB               # keep_steps steps used none of it
     assert pool.reserved == 0 and pool.blocks == 0
     assert held - _rss() > 200 * MiB                  # the pages went back to the kernel
 
 
 def test_pool_keeps_what_recent_steps_used(m):
-    pool = m.HostPool(limit=1 << 40, pin=False)
-    a, b = pool.alloc(8 * MiB), pool.alloc(8 * MiB)
-    pool.free(a)
-    pool.free(b)
-    pool.end_step()                                   # peak 16 MiB
-    c = pool.alloc(8 * MiB)                           # a smaller step: 8 MiB
-    pool.free(c)
+    """A cycle of steps that swap more and less pins nothing after its first round (the
+    pool keeps the most any of the last keep_steps steps had in use), and the pool never
+    holds more than that."""
+    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=4)
+    for step in range(12):                            # 16, 8, 8, 8 MiB, in turn
+        bufs = [pool.alloc(4 * MiB) for _ in range(4 if step % 4 == 0 else 2)]
+        for b in bufs:
+            pool.free(b)
+        assert pool.end_step() == 0
+        assert pool.reserved == 16 * MiB
+    assert pool.misses == 4
+    for _ in range(4):                                # then steps that swap nothing
+        pool.end_step()
+    assert pool.reserved == 0
+
+
+def test_pool_holds_no_more_than_a_recent_step_had_in_use(m):
+    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=4)
+    for step in range(6):                             # 8 MiB and 12 MiB buffers in turn
+        b = pool.alloc(8 * MiB if step % 2 == 0 else 12 * MiB)
+        pool.free(b)
+        pool.end_step()
+        assert pool.reserved <= 12 * MiB              # the other size goes, LRU first
+
+
+def test_pool_reuses_its_hot_buffers_and_lets_the_rest_age_out(m):
+    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=2)
+    bufs = [pool.alloc(4 * MiB) for _ in range(3)]    # one step held three at once
+    for b in bufs:
+        pool.free(b)
+    del bufs, b
     pool.end_step()
-    assert pool.reserved == 16 * MiB                  # the last two steps' peak
-    pool.end_step()                                   # now 8 MiB and 0
-    assert pool.reserved == 8 * MiB
+    released = 0
+    for _ in range(3):                                # later steps need one at a time
+        b = pool.alloc(4 * MiB)
+        pool.free(b)
+        released += pool.end_step()
+    assert pool.misses == 3                           # nothing pinned again
+    assert released == 8 * MiB and pool.reserved == 4 * MiB
+    with pytest.raises(ValueError, match="keep_steps"):
+        m.HostPool(limit=1, pin=False, keep_steps=0)
 
 
 def test_pool_limit_counts_host_memory_held_elsewhere(m):
