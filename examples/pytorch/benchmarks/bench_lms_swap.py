@@ -184,20 +184,25 @@ def child(args):
         per_step = []
         t_start = time.perf_counter()
 
+        def policy_counters():
+            """lms_swap's running counters after a step (read outside any timing)."""
+            if not lms:
+                return {}
+            st = lms.stats()
+            return {k: st.get(k) for k in (
+                "swap.out_bytes", "swap.in_bytes", "swap.fetched_on_demand",
+                "guard.evicted_bytes", "swap.guard_fetched",
+                "swap.prefetched", "swap.planned_count", "swap.reactive_count",
+                "swap.throttle_wait_ms", "swap.tail_kept", "swap.predicted_kept",
+                "swap.host_full_kept", "host.reserved_bytes", "host.pin_ms",
+                "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
+                "policy.dev0.prefetch_reserve_bytes",
+                "policy.dev0.forward_end_bytes")}
+
         def record(kind, t0):
             rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),
                    "peak_alloc": torch.cuda.max_memory_allocated()}
-            if lms:
-                st = lms.stats()
-                for k in ("swap.out_bytes", "swap.in_bytes", "swap.fetched_on_demand",
-                          "guard.evicted_bytes", "swap.guard_fetched",
-                          "swap.prefetched", "swap.planned_count", "swap.reactive_count",
-                          "swap.throttle_wait_ms", "swap.tail_kept", "swap.predicted_kept",
-                          "swap.host_full_kept", "host.reserved_bytes", "host.pin_ms",
-                          "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
-                          "policy.dev0.prefetch_reserve_bytes",
-                          "policy.dev0.forward_end_bytes"):
-                    rec[k] = st.get(k)
+            rec.update(policy_counters())
             per_step.append(rec)
             print("STEP " + json.dumps(rec), flush=True)
 
@@ -210,6 +215,7 @@ def child(args):
         s0 = lms.stats() if lms else None
         torch.cuda.synchronize()
         step_times = []
+        counters = []  # lms_swap's counters after each timed step, read after its timing
         retries = []  # the caching allocator's retries per timed step (each one stalls)
         r0 = torch.cuda.memory_stats().get("num_alloc_retries", 0)
         t_timed = time.perf_counter()
@@ -222,8 +228,9 @@ def child(args):
             r1 = torch.cuda.memory_stats().get("num_alloc_retries", 0)  # outside the timing
             retries.append(r1 - r0)
             r0 = r1
-        for t, r in zip(step_times, retries):  # per-step records after timing
-            per_step.append({"kind": "timed", "s": round(t, 4), "alloc_retries": r})
+            counters.append(policy_counters())
+        for t, r, c in zip(step_times, retries, counters):  # per-step records after timing
+            per_step.append({"kind": "timed", "s": round(t, 4), "alloc_retries": r, **c})
         s1 = lms.stats() if lms else None
         result["per_step"] = per_step
         total = sum(step_times)
