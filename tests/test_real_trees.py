@@ -96,6 +96,27 @@ def test_verify_applies_every_committed_patch_on_the_real_trees(upstream_repo):
         assert line.rstrip().endswith("ok"), line
 
 
+def test_a_full_pytorch_build_ships_every_lms_file_that_is_not_python(lms_tree):
+    """setup.py packages torch/**/*.py by itself; any other file the LMS sources add under
+    torch/ (the eviction net's C++ source, compiled on first use) must be matched by a
+    pattern of the patched setup.py's torch_package_data, or a full build's wheel lacks it."""
+    import fnmatch
+    import re
+    tree = lms_tree("pytorch", "v2.6.0")
+    setup = (tree / "setup.py").read_text()
+    block = re.search(r"\n    torch_package_data = \[\n(.*?)\n    \]\n", setup, re.S)
+    assert block, "torch_package_data not found in setup.py"
+    patterns = re.findall(r'^\s*"([^"]+)",', block.group(1), re.M)
+    src = REPO / "patches" / "pytorch" / "src" / "torch"
+    extra = sorted(p.relative_to(src).as_posix() for p in src.rglob("*")
+                   if p.is_file() and p.suffix != ".py")
+    assert "cuda/lms_swap_guard.cpp" in extra
+    for rel in extra:
+        assert (tree / "torch" / rel).is_file(), rel
+        assert any(fnmatch.fnmatch(rel, pat) for pat in patterns), \
+            f"torch/{rel} is not in setup.py's torch_package_data"
+
+
 # ---- the make front ---------------------------------------------------------------------------------
 
 def test_make_build_unknown_tag_lists_the_supported_ones():
