@@ -75,6 +75,34 @@ def test_c10_change_outside_cuda_is_refused_without_static_cpuinfo(scratch_tree,
     assert not (tmp_path / "dist").exists()
 
 
+def _edit_package_data(tree: Path, entry: str) -> None:
+    p = tree / "setup.py"
+    text = p.read_text()
+    anchor = '        "cuda/*.pyi",\n'
+    assert text.count(anchor) == 1
+    p.write_text(text.replace(anchor, anchor + entry))
+
+
+def test_setup_py_adding_package_data_the_overlay_copies_is_no_obstacle(scratch_tree):
+    _edit_package_data(scratch_tree, '        # a source compiled at run time\n        "cuda/lms_x.cpp",\n')
+    _edit(scratch_tree, "torch/cuda/lms_x.cpp", "// compiled on first use\n")
+    plan = plan_overlay(scratch_tree, TAG)
+    assert plan.ignored == ["setup.py"] and plan.python_files == ["torch/cuda/lms_x.cpp"]
+
+
+@pytest.mark.parametrize("edit", [
+    '        "lib/*.so",\n',                                 # files the overlay does not copy
+    None,                                                    # an edit outside the list
+])
+def test_other_setup_py_edits_are_refused(scratch_tree, edit):
+    if edit:
+        _edit_package_data(scratch_tree, edit)
+    else:
+        _edit(scratch_tree, "setup.py", "# build something else\n")
+    with pytest.raises(OverlayRefused, match="setup.py"):
+        plan_overlay(scratch_tree, TAG)
+
+
 def test_patch_needing_full_build_is_refused(scratch_tree, tmp_path):
     _edit(scratch_tree, "c10/cuda/CUDACachingAllocator.cpp")
     _edit(scratch_tree, "aten/src/ATen/native/Copy.cpp")

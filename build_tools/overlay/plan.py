@@ -7,6 +7,8 @@
                                                                    module compiles at run time
   tests, docs, CI files (test/, docs/, benchmarks/, .github/, .ci/, c10/test/, c10/cuda/test/, *.md)
                                                                 -> not part of a wheel: ignored
+  setup.py, where the edit only adds entries of torch_package_data that name .py/.pyi/.cpp files
+                                                                -> ignored: the overlay copies those
   anything else (torch/csrc, aten, caffe2, setup.py, cmake, third_party, ...) -> refused: overlay
   mode cannot rebuild it; the full build can (`make build TORCH=<tag> MODE=full`).
 Changed c10 headers are also copied to torch/include/ so C++ extensions compile against them.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 from pathlib import Path
 
 from .. import gitutil
@@ -69,6 +72,43 @@ def _match(path: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
+PACKAGE_DATA_ENTRY = re.compile(r'\s*"[^"]+\.(py|pyi|cpp)",\s*(#.*)?')
+COMMENT_OR_BLANK = re.compile(r"\s*(#.*)?")
+
+
+def _setup_py_adds_only_copied_package_data(tree: Path, base: str) -> bool:
+    """Whether the edit of setup.py only adds lines to the `torch_package_data = [...]` list,
+    each a pattern of .py/.pyi/.cpp files or a comment: files the overlay copies into the wheel
+    anyway, so the edit changes nothing an overlay build makes."""
+    diff = gitutil.run(tree, "diff", "-U0", "--no-color", base, "--", "setup.py").out
+    text = (tree / "setup.py").read_text(encoding="utf-8", errors="replace").splitlines()
+    start = next((i for i, line in enumerate(text) if line.strip() == "torch_package_data = ["), None)
+    if start is None:
+        return False
+    end = next((i for i in range(start + 1, len(text)) if text[i].strip() == "]"), None)
+    if end is None:
+        return False
+    added = 0
+    for line in diff.splitlines():
+        if line.startswith(("diff ", "index ", "--- ", "+++ ")):
+            continue
+        hunk = re.match(r"@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", line)
+        if hunk:
+            removed = int(hunk.group(1) if hunk.group(1) is not None else 1)
+            first, count = int(hunk.group(2)), int(hunk.group(3) if hunk.group(3) is not None else 1)
+            if removed or not (start + 1 < first and first + count - 1 <= end):  # 1-based lines
+                return False
+        elif line.startswith("-"):
+            return False
+        elif line.startswith("+"):
+            body = line[1:]
+            if PACKAGE_DATA_ENTRY.fullmatch(body):
+                added += 1
+            elif not COMMENT_OR_BLANK.fullmatch(body):
+                return False
+    return added > 0
+
+
 def plan_overlay(tree: Path, base: str, tag_for_hint: str | None = None) -> OverlayPlan:
     changes = changed_files(Path(tree), base)
     rebuild: set[str] = set()
@@ -95,6 +135,8 @@ def plan_overlay(tree: Path, base: str, tag_for_hint: str | None = None) -> Over
         elif path.startswith("torch/") and path.endswith((".py", ".pyi", ".cpp")) \
                 and not path.startswith("torch/csrc/"):
             (py_del if deleted else py).append(path)
+        elif path == "setup.py" and not deleted and _setup_py_adds_only_copied_package_data(Path(tree), base):
+            ignored.append(path)
         else:
             refused.append((path, "compiled into libraries other than libc10/libc10_cuda, or part of the "
                                   "build system"))
