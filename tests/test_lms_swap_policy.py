@@ -643,6 +643,18 @@ class _CountingNet:
         return self.moved
 
 
+def test_eviction_net_build_names_missing_cuda_headers(m, monkeypatch, tmp_path):
+    """PyTorch's CUDA wheels bring cuda_runtime_api.h (NVIDIA's runtime wheel) but not the
+    crt/ headers it includes: the build says what to install instead of a compiler error."""
+    (tmp_path / "cuda_runtime_api.h").write_text("/* runtime wheel */\n")
+    monkeypatch.setattr(m, "_cuda_include_dirs", lambda: [str(tmp_path)])
+    with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-nvcc-cu"):
+        m.build_guard()
+    monkeypatch.setattr(m, "_cuda_include_dirs", lambda: [])
+    with pytest.raises(RuntimeError, match="cuda_runtime_api.h not found"):
+        m.build_guard()
+
+
 def test_first_step_margin_with_the_net_waits_for_its_first_eviction(m):
     """With the net, the first step keeps only min_margin (a step that fits swaps
     nothing); once the net has had to move something, the step keeps the no-net share;

@@ -281,8 +281,10 @@ _guard_lock = threading.Lock()
 
 
 def _cuda_include_dirs() -> List[str]:
-    """Where cuda_runtime_api.h is: a CUDA toolkit, else NVIDIA's runtime wheel (which
-    PyTorch's CUDA wheels depend on)."""
+    """Where the CUDA runtime headers are: a CUDA toolkit, else NVIDIA's wheels (the
+    runtime wheel, which PyTorch's CUDA wheels depend on, has ``cuda_runtime_api.h``; the
+    ``crt/`` headers it includes come with the compiler wheel, nvidia-cuda-nvcc-cu12, or
+    nvidia-cuda-crt for CUDA 13)."""
     dirs = []
     try:
         from torch.utils.cpp_extension import CUDA_HOME
@@ -291,10 +293,31 @@ def _cuda_include_dirs() -> List[str]:
     for root in filter(None, (CUDA_HOME, os.environ.get("CUDA_HOME"))):
         dirs.append(os.path.join(root, "include"))
     for base in sys.path:
-        for sub in ("nvidia/cuda_runtime/include", "nvidia/cu13/include", "nvidia/cu12/include"):
+        for sub in ("nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include",
+                    "nvidia/cu13/include", "nvidia/cu12/include"):
             dirs.append(os.path.join(base, sub))
     return [d for d in dict.fromkeys(dirs)
-            if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))]
+            if any(os.path.isfile(os.path.join(d, h))
+                   for h in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")))]
+
+
+def build_guard(verbose: bool = False) -> Any:
+    """Compiles (once per PyTorch version; cached in ``TORCH_EXTENSIONS_DIR``) and imports
+    the eviction net.  Needs a C++ compiler, ninja and the CUDA runtime headers, not a
+    GPU; raises where it cannot be built.  :func:`load_guard` is what the swapper uses."""
+    from torch.utils import cpp_extension
+    inc = _cuda_include_dirs()
+    for header in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")):
+        if not any(os.path.isfile(os.path.join(d, header)) for d in inc):
+            cu = (torch.version.cuda or "12").split(".")[0]
+            raise RuntimeError(
+                f"the CUDA runtime headers are incomplete ({header} not found): install a "
+                f"CUDA toolkit and set CUDA_HOME, or `pip install nvidia-cuda-nvcc-cu{cu}` "
+                f"of CUDA {torch.version.cuda}")
+    return cpp_extension.load(
+        name="lms_swap_guard_" + torch.__version__.replace(".", "_").replace("+", "_"),
+        sources=[GUARD_SOURCE], extra_include_paths=inc,
+        extra_cflags=["-O2"], verbose=verbose)
 
 
 def load_guard(required: bool = False) -> Any:
@@ -313,14 +336,7 @@ def load_guard(required: bool = False) -> Any:
         try:
             if not torch.cuda.is_available():
                 raise RuntimeError("CUDA is not available")
-            from torch.utils import cpp_extension
-            inc = _cuda_include_dirs()
-            if not inc:
-                raise RuntimeError("cuda_runtime_api.h not found (set CUDA_HOME)")
-            mod = cpp_extension.load(
-                name="lms_swap_guard_" + torch.__version__.replace(".", "_").replace("+", "_"),
-                sources=[GUARD_SOURCE], extra_include_paths=inc,
-                extra_cflags=["-O2"], verbose=False)
+            mod = build_guard()
         except Exception as e:  # the job goes on without the net; stats show it
             err = f"LMS activation swapping: eviction net not built ({type(e).__name__}: {e})"
             warnings.warn(err + "; a wrong forecast can then end in CUDA out of memory",
