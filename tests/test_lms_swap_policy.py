@@ -146,6 +146,36 @@ def test_config_validation(m):
     assert m.SwapConfig().size_threshold == MiB
 
 
+def test_ranks_on_a_node_share_its_host_memory(m, monkeypatch):
+    monkeypatch.delenv(m.ENV_HOST_LIMIT, raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    one, _ = m.ActivationSwapper()._host_limits()
+    assert one == int(m._host_total() * 0.80)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")          # torchrun, 4 ranks on this node
+    assert m.local_world_size() == 4
+    assert m.ActivationSwapper()._host_limits()[0] == one // 4
+    monkeypatch.setenv(m.ENV_HOST_LIMIT, "1024")         # an explicit limit is per process
+    assert m.ActivationSwapper()._host_limits()[0] == 1024 * MiB
+    for bad in ("0", "-2", "x", ""):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        assert m.local_world_size() == 1
+
+
+def test_host_limit_error_names_the_rank_under_torchrun(m, monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    pool = m.HostPool(limit=4 * MiB, pin=False)
+    with pytest.raises(m.LMSHostMemoryError) as e:
+        pool.alloc(8 * MiB)
+    msg = str(e.value)
+    assert m.ENV_HOST_LIMIT in msg and "rank 5, local rank 1 of 4" in msg and "per process" in msg
+    monkeypatch.delenv("RANK")
+    with pytest.raises(m.LMSHostMemoryError) as e:
+        pool.alloc(8 * MiB)
+    assert "rank" not in str(e.value)
+
+
 def test_threshold_env(m, monkeypatch):
     monkeypatch.setenv("PYTORCH_LMS_SWAP_THRESHOLD_IN_KB", "64")
     assert m.SwapConfig().size_threshold == 64 * 1024

@@ -144,6 +144,33 @@ def test_c_api_settings_and_host_budget(builds):
     assert int(st["host_budget.used"]) == 24 * MiB and r["off"] == 0
 
 
+DEFAULT_HOST_LIMIT = """
+import ctypes, json, os, sys
+d = sys.argv[1]
+ctypes.CDLL(os.path.join(d, "libc10.so"), mode=ctypes.RTLD_GLOBAL)
+L = ctypes.CDLL(os.path.join(d, "libc10_cuda.so"))
+L.c10_lms_get_host_mem_limit.restype = ctypes.c_ulonglong
+avail = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemAvailable:"))
+print(json.dumps({"limit": L.c10_lms_get_host_mem_limit(), "available": avail}))
+"""
+
+
+@pytest.mark.parametrize("local_world_size,share", [(None, 1), ("4", 4), ("zero", 1)])
+def test_default_host_limit_is_shared_by_the_ranks_of_a_node(builds, local_world_size, share):
+    """No PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB: 80% of the available host memory, divided among
+    torchrun's LOCAL_WORLD_SIZE processes (an unusable value counts as one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB", "LOCAL_WORLD_SIZE")}
+    if local_world_size is not None:
+        env["LOCAL_WORLD_SIZE"] = local_world_size
+    d = builds["lms"].build_dir
+    p = subprocess.run([sys.executable, "-c", DEFAULT_HOST_LIMIT, str(d)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    expect = r["available"] * 0.8 / share
+    assert abs(r["limit"] - expect) < 0.05 * expect, r   # MemAvailable moves a little between reads
+
+
 CPP_SETTINGS = r"""
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDALargeModelSupport.h>

@@ -42,9 +42,22 @@ Settings& settings() {
   return s;
 }
 
-// Default host budget: PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB, else 80% of the
-// host memory that is available when LMS first needs it, so that pinned swap
-// space can never push the process into the kernel's OOM killer.
+// Processes that share this node's host memory: torchrun's LOCAL_WORLD_SIZE
+// (1 when it is unset or not a positive number).
+size_t local_world_size() {
+  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  if (env == nullptr) {
+    return 1;
+  }
+  char* end = nullptr;
+  long n = std::strtol(env, &end, 10);
+  return (end != env && *end == '\0' && n > 0) ? static_cast<size_t>(n) : 1;
+}
+
+// Default host budget: PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB (per process), else
+// 80% of the host memory that is available when LMS first needs it, shared
+// equally by the processes on the node (LOCAL_WORLD_SIZE), so that pinned swap
+// space can never push the node into the kernel's OOM killer.
 size_t default_host_limit() {
   if (const char* env = std::getenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB")) {
     char* end = nullptr;
@@ -62,7 +75,7 @@ size_t default_host_limit() {
   std::string unit;
   while (meminfo >> key >> kb >> unit) {
     if (key == "MemAvailable:") {
-      return kb * 1024 / 10 * 8;
+      return kb * 1024 / 10 * 8 / local_world_size();
     }
   }
   return 0;

@@ -107,10 +107,12 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     (default 1 GiB or the largest tensor seen, whichever is more); under memory
     pressure forward waits for every earlier copy before it goes on.
 ``host_limit``
-    bytes of pinned host memory for swap space.  Default: env
+    bytes of pinned host memory for swap space, per process.  Default: env
     ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` (shared with the allocator's host spill), else
-    80% of the machine's RAM.  On a patched build the allocator's
-    ``torch.cuda.lms._host_reserve``/``_host_release`` account the same budget.
+    80% of the machine's RAM, shared equally by the processes on the node
+    (:func:`local_world_size`: torchrun's ``LOCAL_WORLD_SIZE``).  On a patched build the
+    allocator's ``torch.cuda.lms._host_reserve``/``_host_release`` account the same
+    budget.
 ``host_min_available``
     the pool does not grow when the machine would be left with less available memory
     than this (default max(2 GiB, 5% of RAM)).
@@ -173,6 +175,7 @@ __all__ = [
     "empty_cache",
     "get_swapper",
     "host_mem_limit_from_env",
+    "local_world_size",
 ]
 
 KiB = 1024
@@ -190,7 +193,28 @@ _OutOfMemoryError = (getattr(torch, "OutOfMemoryError", None)          # torch >
 
 class LMSHostMemoryError(_OutOfMemoryError):
     """Raised when swap space in pinned host memory would exceed its limit (a
-    ``torch.OutOfMemoryError``, so code that handles out-of-memory handles it too)."""
+    ``torch.OutOfMemoryError``, so code that handles out-of-memory handles it too).
+    Under ``torchrun`` the message names the rank and how many processes share the
+    node's host memory."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message + _rank_note())
+
+
+def local_world_size() -> int:
+    """Processes that share this node's host memory: torchrun's ``LOCAL_WORLD_SIZE``
+    (1 when it is unset or not a positive integer)."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def _rank_note() -> str:
+    rank = os.environ.get("RANK")
+    if rank is None:
+        return ""
+    return (f" (rank {rank}, local rank {os.environ.get('LOCAL_RANK', '?')} of "
+            f"{local_world_size()} processes sharing this node's host memory; the limit "
+            f"is per process)")
 
 
 # --------------------------------------------------------------------------------------
@@ -1124,7 +1148,9 @@ class ActivationSwapper:
         if limit is None:
             limit = host_mem_limit_from_env()
         if limit is None:
-            limit = int(total * 0.80) if total else 64 * GiB
+            # the processes on a node share its memory: 8 ranks each taking 80% of it
+            # would be the kernel's OOM killer's business, not an error of ours
+            limit = int(total * 0.80) // local_world_size() if total else 64 * GiB
         minav = cfg.host_min_available
         if minav is None:
             minav = max(2 * GiB, int(total * 0.05)) if total else 0
