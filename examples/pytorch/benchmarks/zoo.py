@@ -3,7 +3,8 @@ from configs (no downloads), each with the loss its library gives it.
 
 Every model is trained the same way (bench_lms_swap.py's child: AdamW, bf16 autocast,
 default memory format), and nothing here knows about swapping: the workload is what a
-user would run.  ``build(name, batch)`` returns ``(model, loss_fn, units, unit)``;
+user would run.  ``build(name, batch)`` returns ``(model, loss_fn, units, unit)``
+(``loss_fn(m=model)``: a wrapper such as DistributedDataParallel can be passed as ``m``);
 ``SEARCH[name]`` is the batch range in which stock's largest batch is searched.
 """
 from __future__ import annotations
@@ -45,8 +46,8 @@ def _decoder(config_cls, model_cls, batch, seq=2048, **kw):
     model = model_cls(cfg).to(DEV)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=DEV, generator=_gen())
 
-    def loss_fn():
-        return model(input_ids=ids, labels=ids).loss
+    def loss_fn(m=model):
+        return m(input_ids=ids, labels=ids).loss
 
     return model, loss_fn, batch * seq, "tok/s"
 
@@ -109,8 +110,8 @@ def build(name, batch):
         src = torch.randint(0, cfg.vocab_size, (batch, 512), device=DEV, generator=_gen())
         tgt = torch.randint(0, cfg.vocab_size, (batch, 128), device=DEV, generator=_gen())
 
-        def loss_fn():
-            return model(input_ids=src, labels=tgt).loss
+        def loss_fn(m=model):
+            return m(input_ids=src, labels=tgt).loss
 
         return model, loss_fn, batch * (512 + 128), "tok/s"
     if name in ("vit-l", "vit-l-448", "efficientnet-b3", "efficientnet-b7", "resnet50"):
@@ -131,8 +132,8 @@ def build(name, batch):
         x = _images(batch, size)
         y = torch.randint(0, 1000, (batch,), device=DEV, generator=_gen())
 
-        def loss_fn():
-            return F.cross_entropy(model(x), y)
+        def loss_fn(m=model):
+            return F.cross_entropy(m(x), y)
 
         return model, loss_fn, batch, "img/s"
     if name == "unet":
@@ -141,8 +142,8 @@ def build(name, batch):
         x = _images(batch, 256)
         y = (torch.rand(batch, 1, 256, 256, device=DEV, generator=_gen()) > 0.5).float()
 
-        def loss_fn():
-            return F.binary_cross_entropy_with_logits(model(x), y)
+        def loss_fn(m=model):
+            return F.binary_cross_entropy_with_logits(m(x), y)
 
         return model, loss_fn, batch, "img/s"
     raise SystemExit(f"unknown zoo model {name!r}; known: {', '.join(MODELS)}")
