@@ -44,9 +44,9 @@ def test_pip_sees_the_installed_distribution(wheel_venv):
 
 def test_the_eviction_net_compiles_and_imports_against_the_installed_build(wheel_venv, tmp_path):
     """torch.cuda.lms_swap compiles its eviction net (lms_swap_guard.cpp) on first use; here
-    it is built for real against the installed patched torch 2.6.0 (its headers, its C++ ABI,
-    NVIDIA's CUDA 12.4 runtime headers from the wheel's dependencies) and imported, without a
-    GPU. Its behaviour is tested on a GPU (tests/conformance/lms_swap/test_lms_swap_guard.py)."""
+    it is built for real against the installed patched torch 2.6.0 (its headers, its C++ ABI;
+    CUDA 12.4 headers from the CUDA home the overlay build makes of NVIDIA's wheels) and
+    imported, without a GPU. Its behaviour is tested on a GPU (tests/conformance/lms_swap/test_lms_swap_guard.py)."""
     import os
     import sys
     from pathlib import Path

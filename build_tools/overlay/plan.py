@@ -9,7 +9,7 @@
                                                                 -> not part of a wheel: ignored
   setup.py, where the edit only adds entries of torch_package_data that name .py/.pyi/.cpp files
                                                                 -> ignored: the overlay copies those
-  anything else (torch/csrc, aten, caffe2, setup.py, cmake, third_party, ...) -> refused: overlay
+  anything else (torch/csrc, aten, caffe2, other setup.py edits, cmake, third_party, ...) -> refused: overlay
   mode cannot rebuild it; the full build can (`make build TORCH=<tag> MODE=full`).
 Changed c10 headers are also copied to torch/include/ so C++ extensions compile against them.
 """
