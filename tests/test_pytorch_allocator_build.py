@@ -203,6 +203,35 @@ def test_allocator_settings_string_reaches_lms(builds, tmp_path):
     assert out == ["1", "1", "0"]
 
 
+GUARD_C_API = """
+import ctypes, json, os, sys
+d, so = sys.argv[1], os.environ["GUARD_SO"]
+ctypes.CDLL(os.path.join(d, "libc10.so"), mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL(os.path.join(d, "libc10_cuda.so"), mode=ctypes.RTLD_GLOBAL)
+g = ctypes.CDLL(so)
+n = g.lms_guard_counters(None, 0)
+buf = ctypes.create_string_buffer(n + 1)
+g.lms_guard_counters(buf, n + 1)
+print(json.dumps(dict(l.split("=") for l in buf.value.decode().splitlines())))
+"""
+
+
+def test_eviction_net_builds_in_its_c10_only_mode_against_the_patched_allocator(builds, tmp_path):
+    """lms_swap_guard.cpp with LMS_GUARD_C10_ONLY (no ATen, no Python) compiles and links
+    against the patched c10/c10_cuda: the conformance harness runs it over the patched
+    allocator on a GPU (tests/conformance/pytorch_allocator, test_allocator_lms_first_then_the_net)."""
+    b = builds["lms"]
+    src = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap_guard.cpp"
+    so = tmp_path / "guard.so"
+    fmt = [f"-I{b.fmt_include}"] if b.fmt_include else []
+    subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-DLMS_GUARD_C10_ONLY",
+                    "-DFMT_HEADER_ONLY=1", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
+                    *builds["cuda"].flags(), *fmt, str(src), f"-L{b.build_dir}", "-lc10_cuda", "-lc10",
+                    f"-Wl,-rpath,{b.build_dir}", "-o", str(so)], check=True)
+    r = _run_py(GUARD_C_API, builds, GUARD_SO=str(so))
+    assert r["armed"] == "0" and r["ooms_caught"] == "0" and r["slots"] == "0" and "allocations_seen" in r
+
+
 PY_API = """
 import importlib.util, json, os, sys
 d = sys.argv[1]

@@ -124,6 +124,95 @@ def sc_oversubscribe(L, lms="1", factor="2.0", chunk_mb="1024"):
                 lms_final=final, upstream=L.stats())
 
 
+def _guard(L):
+    """lms_swap's eviction net, built into the probe library in its c10-only mode
+    (patches/pytorch/src/torch/cuda/lms_swap_guard.cpp, LMS_GUARD_C10_ONLY)."""
+    g, U, I = L.p, ctypes.c_ulonglong, ctypes.c_int
+    g.lms_guard_error.restype = ctypes.c_char_p
+    g.lms_guard_set_host_budget.argtypes = [ctypes.c_longlong] * 3
+    for f in ("lms_guard_slot_new", "lms_guard_block_new"):
+        getattr(g, f).restype = ctypes.c_longlong
+        getattr(g, f).argtypes = [U, ctypes.POINTER(I)]
+    for f in ("lms_guard_slot_device", "lms_guard_slot_host", "lms_guard_block_device"):
+        getattr(g, f).restype = U
+        getattr(g, f).argtypes = [ctypes.c_longlong]
+    for f in ("lms_guard_slot_drop", "lms_guard_block_drop"):
+        getattr(g, f).argtypes = [ctypes.c_longlong]
+    g.lms_guard_counters.argtypes = [ctypes.c_char_p, I]
+    g.probe_check_host.restype = ctypes.c_longlong
+    g.probe_check_host.argtypes = [U, U, ctypes.c_uint]
+    return g
+
+
+def _net_counters(g):
+    buf = ctypes.create_string_buffer(4096)
+    g.lms_guard_counters(buf, 4096)
+    return {k: int(v) for k, v in (line.split("=") for line in buf.value.decode().splitlines())}
+
+
+def sc_net(L, lms="1", slots="0.45", blocks="1.0", alloc_host="0.25", chunk_mb="1024"):
+    """The two layers together. Slots (activations the swapping layer kept on the device,
+    registered with the net) fill `slots` of the device, then plain blocks (what the net
+    does not hold) `blocks` of it are allocated through the allocator's `allocate`. With
+    the allocator's LMS on (host budget `alloc_host` of the device) it spills pages first
+    and the net catches only what it cannot serve; without it the net catches alone. Each
+    block records which layer acted while it was allocated; every byte is checked."""
+    g = _guard(L)
+    total = L.p.probe_device_total()
+    chunk = int(chunk_mb) * MiB
+    if lms == "1":
+        L.settings(f"lms:True,lms_host_mem_limit_mb:{int(float(alloc_host) * total) // MiB}")
+    assert g.lms_guard_arm(1) == 0, g.lms_guard_error()
+    g.lms_guard_set_host_budget(-1, 0, 8 * GiB)      # no limit of its own; keep 8 GiB available
+    oom = ctypes.c_int(0)
+    slot_ids = []
+    while len(slot_ids) * chunk < float(slots) * total:
+        sid = g.lms_guard_slot_new(chunk, ctypes.byref(oom))
+        assert sid >= 0, g.lms_guard_error()
+        L.fill(g.lms_guard_slot_device(sid), chunk, 1000 + sid)
+        slot_ids.append(sid)
+    L.p.probe_sync()
+    blocks_out, failure = [], None
+    t0 = time.time()
+    while len(blocks_out) * chunk < float(blocks) * total:
+        a0, n0 = L.lms(), _net_counters(g)
+        bid = g.lms_guard_block_new(chunk, ctypes.byref(oom))
+        if bid < 0:
+            resident = sum(1 for s in slot_ids if g.lms_guard_slot_device(s))
+            failure = dict(oom=bool(oom.value), msg=g.lms_guard_error().decode()[:1500],
+                           resident_slots=resident)
+            break
+        L.fill(g.lms_guard_block_device(bid), chunk, 1 + bid)
+        a1, n1 = L.lms(), _net_counters(g)
+        blocks_out.append(dict(
+            id=bid,
+            allocator_spilled=a1.get("swap_out_bytes", 0) - a0.get("swap_out_bytes", 0),
+            net_caught=n1["ooms_caught"] - n0["ooms_caught"],
+            net_evicted=n1["evicted_bytes"] - n0["evicted_bytes"]))
+    t_alloc = time.time() - t0
+    L.p.probe_sync()
+    bad_blocks = sum(L.check(g.lms_guard_block_device(b["id"]), chunk, 1 + b["id"]) for b in blocks_out)
+    bad_slots, evicted = 0, 0
+    for sid in slot_ids:
+        dev = g.lms_guard_slot_device(sid)
+        if dev:
+            bad_slots += L.check(dev, chunk, 1000 + sid)
+        else:
+            evicted += 1
+            bad_slots += g.probe_check_host(g.lms_guard_slot_host(sid), chunk, 1000 + sid)
+    lms_stats, net = L.lms(), _net_counters(g)
+    for b in blocks_out:
+        g.lms_guard_block_drop(b["id"])
+    for sid in slot_ids:
+        g.lms_guard_slot_drop(sid)
+    first = lambda key: next((i for i, b in enumerate(blocks_out) if b[key] > 0), None)  # noqa: E731
+    return dict(device_total=total, chunk=chunk, n_slots=len(slot_ids), n_blocks=len(blocks_out),
+                blocks_target=int(float(blocks) * total) // chunk, failure=failure,
+                first_allocator_spill=first("allocator_spilled"), first_net_catch=first("net_caught"),
+                blocks=blocks_out, slots_evicted=evicted, mismatches_blocks=bad_blocks,
+                mismatches_slots=bad_slots, t_alloc_s=t_alloc, lms=lms_stats, net=net)
+
+
 def sc_bandwidth(L, limit_gb="8", size_gb="8"):
     """Swap A out by allocating B under an LMS limit, twice (second time host handles are pooled)."""
     ref_d2h = L.p.probe_pcie_gbps(2 * GiB, 0)

@@ -20,7 +20,7 @@ namespace A = c10::cuda::CUDACachingAllocator;
 static std::string g_err;
 static std::vector<c10::cuda::CUDAStream> g_streams;
 
-__device__ __forceinline__ uint32_t mix(uint64_t i, uint32_t seed) {
+__host__ __device__ __forceinline__ uint32_t mix(uint64_t i, uint32_t seed) {
   uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
   x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 29;
   return static_cast<uint32_t>(x);
@@ -117,6 +117,14 @@ long long probe_check_add(unsigned long long p, unsigned long long nbytes, unsig
 
 long long probe_check(unsigned long long p, unsigned long long nbytes, unsigned seed, int stream) {
   return probe_check_add(p, nbytes, seed, 0, stream);
+}
+
+// the same check on host memory (a copy the eviction net made): wrong 32-bit words
+long long probe_check_host(unsigned long long p, unsigned long long nbytes, unsigned seed) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p);
+  long long bad = 0;
+  for (size_t i = 0; i < nbytes / 4; ++i) bad += (w[i] != mix(i, seed));
+  return bad;
 }
 
 int probe_add_one(unsigned long long in, unsigned long long out, unsigned long long nbytes, int stream) {

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 FACTS_D2H_GBPS, FACTS_H2D_GBPS = 54.0, 53.0   # /work/shared/FACTS.md, pinned copies on the H100 machine
 SUMMARY: dict = {}
+GUARD_SOURCE = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap_guard.cpp"
 
 
 def _cuda_home() -> Path:
@@ -83,6 +84,8 @@ def work(request):
         fmt = ["-I", str(kw["fmt_include"])] if "fmt_include" in kw else []
         subprocess.run([str(cuda / "bin" / "nvcc"), "-O2", "-std=c++17", "-arch=native", "-shared",
                         "-Xcompiler", "-fPIC", "-DFMT_HEADER_ONLY=1", "-I", str(tree if name == "lms" else pristine), "-I", str(b.build_dir / "generated"), *fmt,
+                        # lms_swap's eviction net in its c10-only mode, over this build's allocator
+                        "-DLMS_GUARD_C10_ONLY", str(GUARD_SOURCE),
                         str(HERE / "probe.cu"), "-L", str(b.build_dir), "-lc10_cuda", "-lc10",
                         f"-Xlinker=-rpath={b.build_dir}", "-o", str(so)], check=True)
         probe[name] = (b.build_dir, so)
@@ -109,6 +112,43 @@ def drive(work, scenario, *args, which="lms", prefix=(), timeout=400, name=None)
 def _need(p, res):
     assert res is not None, f"driver failed rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     return res
+
+
+def _net_checks(r):
+    assert r["mismatches_blocks"] == 0 and r["mismatches_slots"] == 0, r
+    assert r["net"]["copy_failed"] == 0
+
+
+def test_eviction_net_alone_on_the_stock_allocator(work):
+    """The pristine v2.6.0 allocator (as stock PyTorch): the net catches every out-of-memory
+    error while it holds a resident slot, and only then does the error reach the program."""
+    p, r = drive(work, "net", "lms=0", which="pristine")
+    r = _need(p, r)
+    SUMMARY["net_alone"] = dict(blocks=r["n_blocks"], slots_evicted=r["slots_evicted"],
+                                net_evicted_gib=round(r["net"]["evicted_bytes"] / 2**30, 1),
+                                failure=r["failure"] and r["failure"]["oom"])
+    _net_checks(r)
+    assert r["first_net_catch"] is not None and r["net"]["evicted_bytes"] > 0
+    assert r["failure"] is None or (r["failure"]["oom"] and r["failure"]["resident_slots"] == 0), r["failure"]
+
+
+def test_allocator_lms_first_then_the_net(work):
+    """The patched allocator with LMS on and a host budget of a quarter of the device: it
+    spills pages inside the failing allocations first, and the net catches only once that
+    budget is spent; together they serve every block, every byte intact."""
+    p, r = drive(work, "net", "lms=1", which="lms")
+    r = _need(p, r)
+    SUMMARY["allocator_then_net"] = dict(
+        blocks=r["n_blocks"], first_allocator_spill=r["first_allocator_spill"],
+        first_net_catch=r["first_net_catch"], slots_evicted=r["slots_evicted"],
+        allocator_out_gib=round(r["lms"].get("swap_out_bytes", 0) / 2**30, 1),
+        net_evicted_gib=round(r["net"]["evicted_bytes"] / 2**30, 1), t_alloc_s=round(r["t_alloc_s"], 1))
+    _net_checks(r)
+    assert r["failure"] is None and r["n_blocks"] == r["blocks_target"], r["failure"]
+    assert r["first_allocator_spill"] is not None and r["first_net_catch"] is not None
+    assert r["first_allocator_spill"] < r["first_net_catch"]
+    caught = r["blocks"][r["first_net_catch"]]
+    assert caught["net_evicted"] > 0
 
 
 def test_oversubscribe_2x_fails_without_lms(work):

@@ -30,7 +30,16 @@
 //   is held (destroying a device tensor enters the allocator).
 // - Host bytes taken here count against the same host limit as lms_swap's pinned pool
 //   (set_host_budget), and the machine keeps min_available bytes available.
+//
+// Built with LMS_GUARD_C10_ONLY, the same net compiles against c10 alone (no ATen, no
+// Python): a slot then holds a c10::Storage, and a C API at the end of this file lets the
+// allocator's conformance harness (tests/conformance/pytorch_allocator) run the net over
+// the caching allocator of a patched build, whose own LMS acts first.
+#ifdef LMS_GUARD_C10_ONLY
+#include <c10/core/Storage.h>
+#else
 #include <torch/extension.h>
+#endif
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -41,6 +50,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <string>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -48,6 +58,20 @@
 #include <vector>
 
 namespace {
+
+// What a slot keeps on the device while it is resident: its owners are the storage's
+// owners, its bytes the tensor's (at its offset), and dropping it frees the memory.
+#ifdef LMS_GUARD_C10_ONLY
+using Resident = c10::Storage;
+int64_t owners_of(const Resident& r) { return static_cast<int64_t>(r.use_count()); }
+const void* bytes_of(const Resident& r) { return r.data(); }
+bool held(const Resident& r) { return static_cast<bool>(r); }
+#else
+using Resident = at::Tensor;
+int64_t owners_of(const Resident& t) { return static_cast<int64_t>(t.storage().use_count()); }
+const void* bytes_of(const Resident& t) { return t.data_ptr(); }
+bool held(const Resident& t) { return t.defined(); }
+#endif
 
 struct HostBuffer {
   void* ptr = nullptr;
@@ -65,7 +89,7 @@ void host_free(void* p, size_t n) {
 }
 
 struct Slot {
-  at::Tensor dev;          // while resident
+  Resident dev;            // while resident
   HostBuffer host;         // after an eviction
   int64_t nbytes = 0;
   int device = -1;
@@ -141,7 +165,7 @@ class Guard {
   // Evicts slots on `device`, earliest registered first, until `need` bytes were freed
   // or nothing more can go.  Returns the bytes freed.
   int64_t evict(int device, int64_t need) {
-    std::vector<at::Tensor> to_free;             // destroyed after mu_ is released
+    std::vector<Resident> to_free;               // destroyed after mu_ is released
     std::vector<std::shared_ptr<Slot>> hold;     // (a slot may lose its last owner
     int64_t freed = 0;                           //  meanwhile)
     {
@@ -150,8 +174,8 @@ class Guard {
       for (auto it = slots_.begin(); it != slots_.end() && freed < need; ++it) {
         auto s = it->lock();
         if (s) hold.push_back(s);
-        if (!s || s->evicted || s->device != device || !s->dev.defined()) continue;
-        if (s->dev.storage().use_count() != 1) {
+        if (!s || s->evicted || s->device != device || !held(s->dev)) continue;
+        if (owners_of(s->dev) != 1) {
           shared_++;
           continue;
         }
@@ -178,7 +202,7 @@ class Guard {
         g_host_bytes += static_cast<int64_t>(n);
         // ordered after the work queued on this stream; a copy into pageable memory
         // returns once it has finished (synchronised below all the same)
-        cudaError_t err = cudaMemcpyAsync(p, s->dev.data_ptr(), n, cudaMemcpyDeviceToHost, stream);
+        cudaError_t err = cudaMemcpyAsync(p, bytes_of(s->dev), n, cudaMemcpyDeviceToHost, stream);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
         if (err != cudaSuccess) {
           (void)cudaGetLastError();
@@ -190,7 +214,7 @@ class Guard {
         s->evicted = true;
         g_resident--;
         to_free.push_back(std::move(s->dev));
-        s->dev = at::Tensor();
+        s->dev = Resident();
         freed += static_cast<int64_t>(n);
         evicted_count_++;
         evicted_bytes_ += static_cast<int64_t>(n);
@@ -203,26 +227,28 @@ class Guard {
 
   int64_t evicted_bytes() const { return evicted_bytes_.load(); }
 
-  py::dict stats() {
-    py::dict d;
-    d["armed"] = armed_.load();
-    d["ooms_caught"] = ooms_.load();
-    d["retries_served"] = served_.load();
-    d["evicted_count"] = evicted_count_.load();
-    d["evicted_bytes"] = evicted_bytes_.load();
-    d["needed_bytes"] = needed_.load();
-    d["shared_skipped"] = shared_.load();
-    d["host_refused"] = host_refused_.load();
-    d["copy_failed"] = failed_.load();
-    d["host_bytes"] = g_host_bytes.load();
-    d["resident"] = g_resident.load();
+  // The net's counters, in a fixed order (the C API's array is indexed by it).
+  std::vector<std::pair<const char*, int64_t>> counters() {
+    std::vector<std::pair<const char*, int64_t>> c = {
+        {"armed", armed_.load() ? 1 : 0},
+        {"ooms_caught", ooms_.load()},
+        {"retries_served", served_.load()},
+        {"evicted_count", evicted_count_.load()},
+        {"evicted_bytes", evicted_bytes_.load()},
+        {"needed_bytes", needed_.load()},
+        {"shared_skipped", shared_.load()},
+        {"host_refused", host_refused_.load()},
+        {"copy_failed", failed_.load()},
+        {"host_bytes", g_host_bytes.load()},
+        {"resident", g_resident.load()},
+    };
     std::vector<std::shared_ptr<Slot>> hold;
     {
       std::lock_guard<std::mutex> lk(mu_);
       compact_locked(hold);
-      d["slots"] = static_cast<int64_t>(slots_.size());
+      c.emplace_back("slots", static_cast<int64_t>(slots_.size()));
     }
-    return d;
+    return c;
   }
 
  private:
@@ -234,7 +260,7 @@ class Guard {
       auto s = w.lock();
       if (!s) continue;
       hold.push_back(s);
-      if (!s->evicted && s->dev.defined()) keep.push_back(w);
+      if (!s->evicted && held(s->dev)) keep.push_back(w);
     }
     slots_.swap(keep);
     live_hint_ = slots_.size();
@@ -370,8 +396,17 @@ void attach_tracker() {
   c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&track);
 }
 
+void arm_once() {
+  static std::once_flag redirected;
+  std::call_once(redirected, [] {
+    redirect_allocate();
+    attach_tracker();
+  });
+}
+
 }  // namespace
 
+#ifndef LMS_GUARD_C10_ONLY
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "lms_swap's eviction net under the CUDA caching allocator";
   py::class_<Slot, std::shared_ptr<Slot>>(m, "Slot")
@@ -412,11 +447,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     // the caching allocator creates its per-device parts at CUDA's lazy init; a trace
     // tracker attached before that reaches none of them
     py::module_::import("torch.cuda").attr("init")();
-    static std::once_flag redirected;
-    std::call_once(redirected, [] {
-      redirect_allocate();
-      attach_tracker();
-    });
+    arm_once();
     Guard::get().arm(on);
   });
   m.def("armed", []() { return Guard::get().armed(); });
@@ -445,8 +476,133 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return g_released[device].load();
   }, "segments the allocator released on `device` since the net was armed");
   m.def("stats", []() {
-    py::dict d = Guard::get().stats();
+    py::dict d;
+    for (const auto& kv : Guard::get().counters()) {
+      if (std::strcmp(kv.first, "armed") == 0) {
+        d[kv.first] = kv.second != 0;
+      } else {
+        d[kv.first] = kv.second;
+      }
+    }
     d["allocations_seen"] = g_allocations.load();
     return d;
   });
 }
+#else   // LMS_GUARD_C10_ONLY: the C API the allocator's conformance harness drives (ctypes)
+
+namespace {
+std::mutex g_api_mu;
+std::vector<std::shared_ptr<Slot>> g_slots;  // the harness's slots, by id (null: dropped)
+std::vector<c10::DataPtr> g_blocks;          // plain allocations, by id
+std::string g_api_err;
+
+// Sets *oom and the error text for an exception of an allocation; returns -1.
+long long failed(const std::exception& e, int* oom) {
+  std::lock_guard<std::mutex> lk(g_api_mu);
+  g_api_err = e.what();
+  if (oom != nullptr) *oom = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr;
+  return -1;
+}
+}  // namespace
+
+extern "C" {
+
+const char* lms_guard_error() { return g_api_err.c_str(); }
+
+// Redirects the allocator's `allocate` (once) and arms or disarms the net. The caching
+// allocator must be initialised (c10::cuda::CUDACachingAllocator::init) first.
+int lms_guard_arm(int on) {
+  try {
+    arm_once();
+    Guard::get().arm(on != 0);
+    return 0;
+  } catch (const std::exception& e) { return static_cast<int>(failed(e, nullptr)); }
+}
+
+void lms_guard_set_host_budget(long long limit, long long other, long long min_available) {
+  Guard::get().set_host_budget(limit, other, min_available);
+}
+
+// A slot of `nbytes` on the current device: a storage allocated through the allocator's
+// `allocate` (so a failure is the net's to catch), registered with the net as an
+// activation kept on the device is. Returns its id, or -1 (*oom = 1 for out of memory).
+long long lms_guard_slot_new(unsigned long long nbytes, int* oom) {
+  *oom = 0;
+  try {
+    c10::Storage st(c10::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes),
+                    c10::cuda::CUDACachingAllocator::get(), /*resizable=*/false);
+    auto s = std::make_shared<Slot>();
+    s->dev = std::move(st);
+    s->nbytes = static_cast<int64_t>(nbytes);
+    s->device = c10::cuda::current_device();
+    g_resident++;
+    Guard::get().add(s);
+    std::lock_guard<std::mutex> lk(g_api_mu);
+    g_slots.push_back(std::move(s));
+    return static_cast<long long>(g_slots.size()) - 1;
+  } catch (const std::exception& e) { return failed(e, oom); }
+}
+
+// The slot's device address while it is resident, else 0.
+unsigned long long lms_guard_slot_device(long long id) {
+  std::lock_guard<std::mutex> lk(g_api_mu);
+  const auto& s = g_slots.at(static_cast<size_t>(id));
+  if (!s || s->evicted || !held(s->dev)) return 0;
+  return reinterpret_cast<unsigned long long>(bytes_of(s->dev));
+}
+
+// The host copy's address once the net evicted the slot, else 0.
+unsigned long long lms_guard_slot_host(long long id) {
+  std::lock_guard<std::mutex> lk(g_api_mu);
+  const auto& s = g_slots.at(static_cast<size_t>(id));
+  return (s && s->evicted) ? reinterpret_cast<unsigned long long>(s->host.ptr) : 0;
+}
+
+void lms_guard_slot_drop(long long id) {
+  std::shared_ptr<Slot> gone;  // destroyed after g_api_mu (it may free device memory)
+  std::lock_guard<std::mutex> lk(g_api_mu);
+  gone.swap(g_slots.at(static_cast<size_t>(id)));
+}
+
+// A plain allocation through the allocator's `allocate` (what a tensor the net does not
+// hold would take). Returns its id, or -1 (*oom = 1 for out of memory).
+long long lms_guard_block_new(unsigned long long nbytes, int* oom) {
+  *oom = 0;
+  try {
+    c10::DataPtr p = c10::cuda::CUDACachingAllocator::get()->allocate(nbytes);
+    std::lock_guard<std::mutex> lk(g_api_mu);
+    g_blocks.push_back(std::move(p));
+    return static_cast<long long>(g_blocks.size()) - 1;
+  } catch (const std::exception& e) { return failed(e, oom); }
+}
+
+unsigned long long lms_guard_block_device(long long id) {
+  std::lock_guard<std::mutex> lk(g_api_mu);
+  return reinterpret_cast<unsigned long long>(g_blocks.at(static_cast<size_t>(id)).get());
+}
+
+void lms_guard_block_drop(long long id) {
+  c10::DataPtr gone;
+  std::lock_guard<std::mutex> lk(g_api_mu);
+  gone = std::move(g_blocks.at(static_cast<size_t>(id)));
+}
+
+// "name=value" lines of the net's counters into buf (NUL-terminated); returns the length
+// needed, as snprintf does.
+int lms_guard_counters(char* buf, int size) {
+  std::string out;
+  for (const auto& kv : Guard::get().counters()) {
+    out += kv.first;
+    out += '=';
+    out += std::to_string(kv.second);
+    out += '\n';
+  }
+  out += "allocations_seen=" + std::to_string(g_allocations.load()) + "\n";
+  if (buf != nullptr && size > 0) {
+    std::snprintf(buf, static_cast<size_t>(size), "%s", out.c_str());
+  }
+  return static_cast<int>(out.size());
+}
+
+}  // extern "C"
+#endif
