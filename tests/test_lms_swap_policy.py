@@ -678,7 +678,10 @@ def test_eviction_net_build_names_missing_cuda_headers(m, monkeypatch, tmp_path)
     crt/ headers it includes: the build says what to install instead of a compiler error."""
     (tmp_path / "cuda_runtime_api.h").write_text("/* runtime wheel */\n")
     monkeypatch.setattr(m, "_cuda_include_dirs", lambda: [str(tmp_path)])
-    with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-nvcc-cu"):
+    with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-nvcc-cu12"):
+        m.build_guard()
+    monkeypatch.setattr(m.torch.version, "cuda", "13.0")
+    with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-crt` of CUDA 13.0"):
         m.build_guard()
     monkeypatch.setattr(m, "_cuda_include_dirs", lambda: [])
     with pytest.raises(RuntimeError, match="cuda_runtime_api.h not found"):

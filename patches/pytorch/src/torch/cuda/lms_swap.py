@@ -333,11 +333,13 @@ def build_guard(verbose: bool = False) -> Any:
     inc = _cuda_include_dirs()
     for header in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")):
         if not any(os.path.isfile(os.path.join(d, header)) for d in inc):
-            cu = (torch.version.cuda or "12").split(".")[0]
+            # NVIDIA's wheel with the crt/ headers: CUDA 12's compiler wheel, CUDA 13's own
+            wheel = ("nvidia-cuda-crt" if (torch.version.cuda or "").startswith("13")
+                     else "nvidia-cuda-nvcc-cu12")
             raise RuntimeError(
                 f"the CUDA runtime headers are incomplete ({header} not found): install a "
-                f"CUDA toolkit and set CUDA_HOME, or `pip install nvidia-cuda-nvcc-cu{cu}` "
-                f"of CUDA {torch.version.cuda}")
+                f"CUDA toolkit and set CUDA_HOME, or `pip install {wheel}` of CUDA "
+                f"{torch.version.cuda}")
     return cpp_extension.load(
         name="lms_swap_guard_" + torch.__version__.replace(".", "_").replace("+", "_"),
         sources=[GUARD_SOURCE], extra_include_paths=inc,
