@@ -30,6 +30,7 @@ bytes swapped per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -124,24 +125,19 @@ def main() -> None:
             if any(True for _ in child.parameters()):
                 fully_shard(child)
         fully_shard(model)
-    # DDP's reducer needs forward to run through the wrapper (fully_shard works in place)
-    wrapped = model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     lms = None
     if not args.no_lms:
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap()
-    ctx = lms.swapping if lms else None
+    ctx = lms.swapping if lms else contextlib.nullcontext
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            if ctx:
-                with ctx():
-                    loss = loss_fn(wrapped)
-            else:
-                loss = loss_fn(wrapped)
+        with torch.autocast("cuda", dtype=torch.bfloat16), ctx():
+            # through the DDP wrapper, whose reducer needs its forward (fully_shard works in place)
+            loss = loss_fn(model)
         loss.backward()
         opt.step()
         return loss
