@@ -227,7 +227,7 @@ class Guard {
 
   int64_t evicted_bytes() const { return evicted_bytes_.load(); }
 
-  // The net's counters, in a fixed order (the C API's array is indexed by it).
+  // The net's counters by name (the Python module's stats() and the C API's lines).
   std::vector<std::pair<const char*, int64_t>> counters() {
     std::vector<std::pair<const char*, int64_t>> c = {
         {"armed", armed_.load() ? 1 : 0},
