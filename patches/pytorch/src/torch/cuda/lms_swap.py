@@ -400,15 +400,18 @@ class HostPool:
     patched build) are called when buffers are created and destroyed.
 
     Between training steps (:meth:`end_step`) the pool gives back the cached buffers that
-    none of the last ``keep_steps`` steps handed out, and beyond that, least recently
-    used first, what exceeds the most any of those steps had in use at once.  Host
-    memory then follows need without pinning again what a step a few steps back used:
-    pinning runs at about 2 GB/s (on the H100 machine), and a Llama at 1.5x whose
-    swapped bytes varied over a four-step cycle, with the pool keeping only the last two
-    steps' peak, spent 18 s of 48 pinning again, a step in four at 3x its time.  Held
-    bytes stay within what a recent step held in use anyway: the eviction net's host
-    copies count against the same limit (``extra_fn``) and cannot wait for Python to
-    release cached buffers.
+    none of the last ``keep_steps`` steps handed out: host memory follows need, and what
+    any recent step used stays pinned.  Pinning runs at about 2 GB/s (on the H100
+    machine), and a step's sizes vary: a Llama at 1.5x swapped its 6.6 GiB fp32 logits
+    in two steps of every four; a pool capped at the most one step had in use gave that
+    buffer back and pinned it again every cycle (4 s in a 1.7 s step).  Cached buffers
+    yield to the limit at once: when the eviction net's host copies (``extra_fn``) and
+    what the pool holds exceed it, the next pool operation releases cached buffers,
+    least recently returned first.  The net itself counts only the bytes in use here
+    (``on_change``): the C++ net cannot wait for Python to release cached buffers, so
+    for as long as that takes (until the next allocation or release of a swapped
+    tensor) host memory may exceed the limit by at most the cached bytes; the machine's
+    ``min_available`` floor holds for both at all times.
     """
 
     def __init__(
@@ -434,10 +437,9 @@ class HostPool:
         self._release_fn = release_fn
         self._available_fn = available_fn
         self._extra_fn = extra_fn      # host bytes held elsewhere under the same limit
-        self._on_change = on_change    # called with `reserved` when it changes
+        self._on_change = on_change    # called with `in_use` when it changes
         self.keep_steps = int(keep_steps)
         self._step = 0                 # end_step() calls so far
-        self._step_peaks: collections.deque = collections.deque(maxlen=self.keep_steps)
         self._lock = threading.RLock()
         # nbytes -> deque of (buffer, event or None, key), oldest first; over all sizes,
         # key -> nbytes in the order the buffers came back, and key -> the step they
@@ -451,7 +453,6 @@ class HostPool:
         self._ids = 0
         self.reserved = 0
         self.in_use = 0
-        self._step_peak = 0
         self.peak_in_use = 0
         self.peak_reserved = 0
         self.hits = 0
@@ -481,7 +482,7 @@ class HostPool:
                 self._busy = False
             self.in_use += nbytes
             self.peak_in_use = max(self.peak_in_use, self.in_use)
-            self._step_peak = max(self._step_peak, self.in_use)
+            self._changed()
             return buf
 
     def free(self, buf: torch.Tensor, event=None) -> None:
@@ -499,6 +500,8 @@ class HostPool:
                 self._lock.release()
 
     def _flush(self) -> None:
+        if not self._pending:
+            return
         while self._pending:
             buf, event = self._pending.pop()
             nbytes = buf.numel()
@@ -509,6 +512,23 @@ class HostPool:
             self._free_order[key] = nbytes
             self._freed_in[key] = self._step
             self._free_bytes += nbytes
+        self._changed()
+        self._trim_to_limit()
+
+    def _trim_to_limit(self) -> int:
+        """Releases cached buffers, least recently returned first, while what the pool
+        holds and the host memory held elsewhere under the same limit exceed it."""
+        if self._extra_fn is None:
+            return 0
+        released = 0
+        extra = self._extra_fn()
+        busy, self._busy = self._busy, True
+        try:
+            while self._free_order and self.reserved + extra > self.limit:
+                released += self._evict_key(next(iter(self._free_order)))
+        finally:
+            self._busy = busy
+        return released
 
     def empty_cache(self) -> int:
         """Release every cached free buffer; returns the bytes released."""
@@ -525,26 +545,23 @@ class HostPool:
 
     def end_step(self) -> int:
         """Called between training steps: gives back the cached buffers that none of
-        the last ``keep_steps`` steps handed out, then, least recently used first, what
-        exceeds the most those steps had in use at once (a step that swaps nothing
-        holds nothing after ``keep_steps`` more).  Returns the bytes released."""
+        the last ``keep_steps`` steps handed out (a step that swaps nothing holds
+        nothing after ``keep_steps`` more).  Returns the bytes released."""
         released = 0
         with self._lock:
             self._flush()
             self._step += 1
-            self._step_peaks.append(self._step_peak)
-            self._step_peak = self.in_use
-            keep = max(self._step_peaks)
             oldest = self._step - self.keep_steps  # buffers back before that step go
             self._busy = True
             try:
                 while self._free_order:
                     key = next(iter(self._free_order))
-                    if self._freed_in[key] >= oldest and self.reserved <= keep:
+                    if self._freed_in[key] >= oldest:
                         break
                     released += self._evict_key(key)
             finally:
                 self._busy = False
+            released += self._trim_to_limit()
         return released
 
     def __del__(self) -> None:
@@ -726,7 +743,7 @@ class HostPool:
 
     def _changed(self) -> None:
         if self._on_change is not None:
-            self._on_change(self.reserved)
+            self._on_change(self.in_use)
 
 
 # --------------------------------------------------------------------------------------
@@ -1180,12 +1197,12 @@ class ActivationSwapper:
                     self._share_host_budget()
         return self._pool
 
-    def _share_host_budget(self, _reserved: Optional[int] = None) -> None:
-        """Tells the eviction net (once loaded) the host limit and what the pinned pool
-        holds of it."""
+    def _share_host_budget(self, _in_use: Optional[int] = None) -> None:
+        """Tells the eviction net (once loaded) the host limit and the pinned pool's bytes
+        in use under it (its cached buffers yield to the net: see HostPool)."""
         guard, pool = _guard_state.get("module"), self._pool
         if guard is not None and pool is not None and self.config.guard:
-            guard.set_host_budget(pool.limit, pool.reserved, pool.min_available)
+            guard.set_host_budget(pool.limit, pool.in_use, pool.min_available)
 
     def _guard(self) -> Any:
         """The eviction net, armed, or None (``guard=False``, CPU, or not buildable)."""

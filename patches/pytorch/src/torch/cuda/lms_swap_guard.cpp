@@ -28,8 +28,10 @@
 //   has finished before the device memory is freed.
 // - Nothing here calls into Python or takes the GIL.  No tensor is destroyed while mu_
 //   is held (destroying a device tensor enters the allocator).
-// - Host bytes taken here count against the same host limit as lms_swap's pinned pool
-//   (set_host_budget), and the machine keeps min_available bytes available.
+// - Host bytes taken here count against the same host limit as the bytes lms_swap's
+//   pinned pool has in use (set_host_budget); the pool's cached free buffers yield, the
+//   pool releasing them at its next operation.  The machine keeps min_available bytes
+//   available at all times.
 //
 // Built with LMS_GUARD_C10_ONLY, the same net compiles against c10 alone (no ATen, no
 // Python): a slot then holds a c10::Storage, and a C API at the end of this file lets the
