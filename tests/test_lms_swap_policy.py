@@ -12,6 +12,8 @@ import gc
 import importlib.util
 import pathlib
 import sys
+import threading
+import time
 
 import pytest
 
@@ -551,6 +553,7 @@ def test_pool_gives_host_memory_back_after_steps_that_need_less(m):
     assert pool.reserved == 256 * MiB
     assert pool.end_step() == 256 * MiB               # keep_steps steps used none of it
     assert pool.reserved == 0 and pool.blocks == 0
+    pool.wait_released()                              # given back on the pool's thread
     assert held - _rss() > 200 * MiB                  # the pages went back to the kernel
 
 
@@ -601,6 +604,26 @@ def test_pool_cache_yields_to_host_memory_held_elsewhere(m):
     assert pool.reserved == 8 * MiB and pool.in_use == 0
     held["n"] = 16 * MiB
     assert pool.end_step() == 8 * MiB and pool.reserved == 0
+
+
+def test_pool_limit_counts_bytes_still_being_given_back(m):
+    """Buffers are unpinned and unmapped on the pool's thread; until they are gone they
+    count against the limit, and an allocation that needs their room waits for them
+    instead of failing or going over."""
+    gate = threading.Event()
+    pool = m.HostPool(limit=8 * MiB, pin=False, keep_steps=1,
+                      reserve_fn=lambda n: True, release_fn=lambda n: gate.wait(10))
+    b = pool.alloc(8 * MiB)
+    pool.free(b)
+    del b
+    assert pool.end_step() == 0
+    assert pool.end_step() == 8 * MiB                 # aged out: queued for release
+    assert pool.reserved == 0 and pool.stats()["host.releasing_bytes"] == 8 * MiB
+    threading.Timer(0.3, gate.set).start()
+    t0 = time.monotonic()
+    pool.alloc(8 * MiB)                               # waits for the old buffer to go
+    assert time.monotonic() - t0 >= 0.25
+    assert pool.stats()["host.releasing_bytes"] == 0 and pool.reserved == 8 * MiB
 
 
 def test_the_net_is_told_the_bytes_in_use_not_the_cache(m):
