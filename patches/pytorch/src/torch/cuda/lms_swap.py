@@ -727,15 +727,22 @@ class HostPool:
         yet unpinned and unmapped."""
         return self.reserved + _releaser.pending
 
+    def _give_way(self) -> bool:
+        """Makes host room: releases the least recently returned cached buffer, else
+        waits for the buffers being given back.  False when there is neither."""
+        if self._free_order:
+            self._evict_key(next(iter(self._free_order)))
+        elif _releaser.pending:
+            _releaser.wait()
+        else:
+            return False
+        return True
+
     def _make_room(self, nbytes: int) -> None:
         # 1. our own limit (shared with the eviction net's host copies)
         extra = self._extra_fn() if self._extra_fn is not None else 0
         while self._held() + extra + nbytes > self.limit:
-            if self._free_order:
-                self._evict_key(next(iter(self._free_order)))
-            elif _releaser.pending:
-                _releaser.wait()
-            else:
+            if not self._give_way():
                 raise LMSHostMemoryError(
                     f"LMS: host swap space exhausted: {_fmt(nbytes)} more would exceed "
                     f"the host memory limit of {_fmt(self.limit)} ({_fmt(self.in_use)} in "
@@ -745,15 +752,9 @@ class HostPool:
                 )
         # 2. the machine
         if self.min_available > 0 and self._available_fn is not None:
-            while True:
-                avail = self._available_fn()
-                if avail is None or avail - nbytes >= self.min_available:
-                    break
-                if self._free_order:
-                    self._evict_key(next(iter(self._free_order)))
-                elif _releaser.pending:
-                    _releaser.wait()
-                else:
+            avail = self._available_fn()
+            while avail is not None and avail - nbytes < self.min_available:
+                if not self._give_way():
                     raise LMSHostMemoryError(
                         f"LMS: host memory nearly exhausted: {_fmt(nbytes)} more swap "
                         f"space would leave {_fmt(avail - nbytes)} available on this "
@@ -762,14 +763,11 @@ class HostPool:
                         f"by swapped tensors, limit {_fmt(self.limit)}. Lower the batch "
                         f"size or free host memory."
                     )
+                avail = self._available_fn()
         # 3. the allocator's shared budget (patched build)
         if self._reserve_fn is not None:
             while not self._reserve_fn(nbytes):
-                if self._free_order:
-                    self._evict_key(next(iter(self._free_order)))
-                elif _releaser.pending:
-                    _releaser.wait()
-                else:
+                if not self._give_way():
                     raise LMSHostMemoryError(
                         f"LMS: host memory limit shared with the CUDA allocator's LMS "
                         f"reached: cannot reserve {_fmt(nbytes)} more swap space "
