@@ -68,7 +68,9 @@ def work(request):
     results.mkdir(parents=True, exist_ok=True)
     cuda = _cuda_home()
     kw = _extra_deps()
-    gtest_root = "/usr/src/googletest" if Path("/usr/src/googletest/CMakeLists.txt").is_file() else None
+    deps = Path(os.environ.get("LMS_PT_DEPS", REPO / ".device" / "pt-alloc" / "deps"))
+    gtest_root = next((str(g) for g in (Path("/usr/src/googletest"), deps / "googletest")
+                       if (g / "CMakeLists.txt").is_file()), None)
     # upstream's c10/cuda gtests are built with the patched library. Their 7 device-side-assertion
     # tests skip, as in upstream's default build: DSA needs USE_CUDA (build_c10(defines=("USE_CUDA",))),
     # and v2.6.0's DSA code does not compile against CUDA 13's cudaMemAdvise (fine with CUDA 12.x).
