@@ -1,4 +1,4 @@
-"""CPU tests of LMS activation swapping (patches/pytorch/src/torch/cuda/lms_swap.py).
+"""CPU tests of LMS activation swapping (patches/pytorch/src/torch/cuda/lms_swap/).
 
 No GPU needed: the host pool runs unpinned, and the swapper runs its whole pack / unpack /
 prefetch / release machinery on CPU tensors (``device_type="cpu"``), with real torch
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import pathlib
 import sys
 import threading
@@ -21,19 +20,14 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-LMS_SWAP = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py"
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def m():
-    name = "lms_swap"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, LMS_SWAP)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
+    from lms_swap_loader import load_lms_swap
+    return load_lms_swap(prefer_patched=False)
 
 
 def cpu_swapper(m, **kw):
@@ -667,7 +661,7 @@ def test_pool_limit_counts_host_memory_held_elsewhere(m):
 def test_eviction_net_without_cuda_warns_and_swapping_goes_on(m, monkeypatch):
     """Where the net cannot be built (here: no CUDA) swapping runs on its forecast alone,
     says so once, and reports the net inactive; ``required=True`` raises instead."""
-    monkeypatch.setattr(m, "_guard_state", {})
+    monkeypatch.setattr(m.guard, "_guard_state", {})
     monkeypatch.setattr(m.torch.cuda, "is_available", lambda: False)
     with pytest.warns(RuntimeWarning, match="eviction net not built"):
         assert m.load_guard() is None
@@ -733,13 +727,13 @@ def test_eviction_net_build_names_missing_cuda_headers(m, monkeypatch, tmp_path)
     """PyTorch's CUDA wheels bring cuda_runtime_api.h (NVIDIA's runtime wheel) but not the
     crt/ headers it includes: the build says what to install instead of a compiler error."""
     (tmp_path / "cuda_runtime_api.h").write_text("/* runtime wheel */\n")
-    monkeypatch.setattr(m, "_cuda_include_dirs", lambda: [str(tmp_path)])
+    monkeypatch.setattr(m.guard, "_cuda_include_dirs", lambda: [str(tmp_path)])
     with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-nvcc-cu12"):
         m.build_guard()
     monkeypatch.setattr(m.torch.version, "cuda", "13.0")
     with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-crt` of CUDA 13.0"):
         m.build_guard()
-    monkeypatch.setattr(m, "_cuda_include_dirs", lambda: [])
+    monkeypatch.setattr(m.guard, "_cuda_include_dirs", lambda: [])
     with pytest.raises(RuntimeError, match="cuda_runtime_api.h not found"):
         m.build_guard()
 

@@ -16,7 +16,7 @@ Examples (on a GPU machine, from the repository root):
 
 LMS here is activation swapping (torch.cuda.lms_swap on a PyTorch built with the LMS
 patch, where --lms also switches on the allocator's LMS with torch.cuda.set_enabled_lms;
-this repository's lms_swap.py on a stock PyTorch).  Its tunables are options below.
+this repository's lms_swap package on a stock PyTorch).  Its tunables are options below.
 """
 from __future__ import annotations
 

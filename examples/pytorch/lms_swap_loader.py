@@ -1,8 +1,8 @@
 """Load LMS activation swapping on a patched or a stock PyTorch.
 
 On a PyTorch built with the LMS patch the module ships as ``torch.cuda.lms_swap``.
-On a stock PyTorch (>= 2.4) this loader imports the same file from this repository
-(``patches/pytorch/src/torch/cuda/lms_swap.py``) under the name ``lms_swap``; it uses
+On a stock PyTorch (>= 2.4) this loader imports the same package from this repository
+(``patches/pytorch/src/torch/cuda/lms_swap/``) under the name ``lms_swap``; it uses
 public torch APIs only, so nothing else is needed::
 
     import sys; sys.path.insert(0, "examples/pytorch")     # or copy this file
@@ -10,9 +10,9 @@ public torch APIs only, so nothing else is needed::
     lms_swap = load_lms_swap()
     lms_swap.enable()                 # or: with lms_swap.swapping(): ...
 
-``LMS_SWAP_PATH=/path/to/lms_swap.py`` points the loader at another copy.
-``load_lms_swap(prefer_patched=False)`` takes the repository file even on a patched
-build (to test the file being edited).
+``LMS_SWAP_PATH=/path/to/lms_swap`` (the package's folder) points the loader at another
+copy.  ``load_lms_swap(prefer_patched=False)`` takes the repository's package even on a
+patched build (to test the code being edited).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import pathlib
 import sys
 from types import ModuleType
 
-REPO_FILE = (pathlib.Path(__file__).resolve().parents[2]
-             / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py")
+REPO_PACKAGE = (pathlib.Path(__file__).resolve().parents[2]
+                / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap")
 MODULE_NAME = "lms_swap"
 
 
 def load_lms_swap(prefer_patched: bool = True) -> ModuleType:
     """The activation-swapping module: ``torch.cuda.lms_swap`` when the running
-    PyTorch has it (and ``prefer_patched``), else the repository's file."""
+    PyTorch has it (and ``prefer_patched``), else the repository's package."""
     if prefer_patched:
         try:
             return importlib.import_module("torch.cuda.lms_swap")
@@ -39,16 +39,20 @@ def load_lms_swap(prefer_patched: bool = True) -> ModuleType:
             pass
     if MODULE_NAME in sys.modules:
         return sys.modules[MODULE_NAME]
-    path = pathlib.Path(os.environ.get("LMS_SWAP_PATH", REPO_FILE))
-    if not path.is_file():
-        raise ImportError(f"lms_swap.py not found at {path} (set LMS_SWAP_PATH)")
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    path = pathlib.Path(os.environ.get("LMS_SWAP_PATH", REPO_PACKAGE))
+    init = path / "__init__.py"
+    if not init.is_file():
+        raise ImportError(f"the lms_swap package (its __init__.py) is not at {path} "
+                          f"(set LMS_SWAP_PATH to its folder)")
+    spec = importlib.util.spec_from_file_location(
+        MODULE_NAME, init, submodule_search_locations=[str(path)])
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE_NAME] = mod  # before exec: classes pickle/refer by module name
+    sys.modules[MODULE_NAME] = mod  # before exec: its submodules import through it
     try:
         spec.loader.exec_module(mod)
     except BaseException:
-        del sys.modules[MODULE_NAME]
+        for name in [n for n in sys.modules if n == MODULE_NAME or n.startswith(MODULE_NAME + ".")]:
+            del sys.modules[name]
         raise
     return mod
 

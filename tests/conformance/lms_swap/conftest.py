@@ -1,30 +1,23 @@
-"""Fixtures for the GPU conformance tests of LMS activation swapping (lms_swap.py).
+"""Fixtures for the GPU conformance tests of LMS activation swapping (lms_swap).
 
-They load the repository's ``patches/pytorch/src/torch/cuda/lms_swap.py`` (the file that
-ships in the patch) on whatever PyTorch is installed (stock torch 2.11 on the GPU machine).
+They load the repository's ``patches/pytorch/src/torch/cuda/lms_swap/`` (the package that
+ships in the patch, through ``examples/pytorch/lms_swap_loader.py``) on whatever PyTorch is installed (stock torch 2.11 on the GPU machine).
 """
 from __future__ import annotations
 
 import gc
-import importlib.util
 import pathlib
 import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-LMS_SWAP = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py"
 
 
 def _load():
-    name = "lms_swap"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, LMS_SWAP)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
+    from lms_swap_loader import load_lms_swap
+    return load_lms_swap(prefer_patched=False)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ to learn from, needs 2x what fits; the later steps must plan from what the net m
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -32,12 +31,9 @@ N, H, LAYERS, STEPS, JUMP_AT = 16384, 4096, 8, 8, 5
 
 
 def load_lms_swap():
-    spec = importlib.util.spec_from_file_location(
-        "lms_swap", REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["lms_swap"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
+    from lms_swap_loader import load_lms_swap as load
+    return load(prefer_patched=False)
 
 
 def model():

@@ -1,4 +1,4 @@
-"""GPU conformance of LMS activation swapping (lms_swap.py) against stock PyTorch.
+"""GPU conformance of LMS activation swapping (the lms_swap package) against stock PyTorch.
 
 Every test trains the same model twice, once stock and once with swapping, and compares
 losses and gradients with torch.equal (bitwise): swapping only copies bytes.

@@ -1,0 +1,259 @@
+r"""On-demand activation swapping with prefetch (Large Model Support, Python layer).
+
+Autograd knows which tensors the backward pass will need and in which order: the
+tensors saved in forward come back in (roughly) reverse order.  This module uses
+:class:`torch.autograd.graph.saved_tensors_hooks` to move saved activations to pinned
+host memory *only when the device is short of memory*, and to bring them back ahead of
+use in backward.
+
+Compared with :class:`torch.autograd.graph.save_on_cpu` it
+
+* does nothing while the device has room: tensors are only swapped when the device
+  allocation is near a limit (cheap, sparse checks of ``torch.cuda.memory_allocated``),
+  and tensors smaller than ``size_threshold`` are never touched;
+* learns from a step that needed swapping to swap the earliest activations of the next
+  one (longest time until backward needs them again), and leaves the last ones forward
+  saves on the device while the allocation is under the limit (backward needs them
+  first: swapping them costs a round trip and does not lower backward's peak);
+* copies device -> host on a side stream (the forward pass goes on) and frees the device
+  memory as soon as the copy has finished (``Tensor.record_stream``), with the CPU
+  throttled so that not more than ``max_inflight_bytes`` wait for a copy;
+* copies host -> device on a second side stream, prefetching the next tensors backward
+  will need (``prefetch_depth`` of them, within the device memory that is free);
+* keeps strides (channels_last stays channels_last; values and layout are restored byte
+  for byte, so gradients are bitwise equal to a run without swapping);
+* copies a tensor that autograd saved twice (e.g. the output of an in-place ReLU that
+  the next convolution saves as its input) only once;
+* keeps a net under its forecast: every tensor it leaves on the device stays evictable,
+  and when the caching allocator runs out of memory anyway (a transient larger than any
+  seen, a first step that needs 2x), the net moves those tensors to host memory and the
+  allocation is retried (``guard``, below); the next steps learn from what it moved;
+* uses an exact-size pool of pinned host buffers (no power-of-two rounding) under a host
+  memory limit, and raises :class:`LMSHostMemoryError` (a ``torch.OutOfMemoryError``)
+  before the machine runs out of memory; when swap space is full, a tensor stays on
+  the device as long as the device allocation is under its limit, and the error is
+  raised only when neither has room.
+
+Use, on a PyTorch built with the LMS patch::
+
+    torch.cuda.set_enabled_lms(True)      # allocator LMS + this layer (calls enable())
+
+on any PyTorch >= 2.4 (this file imported on its own, see examples/pytorch/lms_swap_loader.py)::
+
+    lms_swap.enable()                     # for the calling thread, until disable()
+    with lms_swap.swapping(prefetch_depth=4):   # or scoped
+        loss = model(x).sum()
+    loss.backward()
+
+Run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` when swapping a lot: the
+caching allocator's fixed segments fragment when big tensors are freed out of order
+(seen on an H100: 19 GiB reserved but unusable, then an out-of-memory error).
+
+Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swapping`):
+
+``policy``
+    ``"auto"`` (swap under memory pressure, the default), ``"always"`` (swap every
+    eligible tensor; for tests and measurements) or ``"never"``.
+``size_threshold``
+    tensors smaller than this many bytes stay on the device (default 1 MiB; env
+    ``PYTORCH_LMS_SWAP_THRESHOLD_IN_KB``).
+``device_limit``
+    bytes of device memory the caching allocator may hold allocated before tensors are
+    swapped.  Default: the allocator's LMS limit on a patched build when it is set, else
+    ``device_limit_fraction`` of the device's total memory when that is set, else, with
+    the eviction net (``guard``), 99% of the memory the caching allocator can have (free
+    plus reserved when first measured: a forecast that aims too high costs an eviction,
+    not the job), and without the net 98% of the device's total memory.
+``margin``
+    bytes kept free at the end of forward for backward: forward swaps so that it ends
+    this far under the limit.  Default: learned (``adaptive_margin``, default True) as
+    backward's peak over forward's end, from every step (exactly with the eviction
+    net, which keeps a running peak of its own; without it from a step whose backward
+    set a new ``max_memory_allocated``, else only ever lowered by that bound), plus a
+    slack learned from steps that moved memory and still made the caching allocator
+    release cached memory to serve a request (``next_slack``), never under
+    ``min_margin_factor`` times the largest saved tensor (default: 1 without the
+    eviction net, 0 with it: a margin learned too low then costs an eviction, and a
+    floor of one ResNet-50 activation made it swap 3.3 GiB a step at a batch stock
+    PyTorch trains) nor ``min_margin``.  The first step has nothing to learn from:
+    with the eviction net it keeps only ``min_margin`` until the net first has to
+    move something (a step that fits, as at a batch stock PyTorch trains, swaps
+    nothing and pins no host memory); from then on, and throughout without the net or
+    when ``first_margin_fraction`` is set, it keeps ``margin_factor`` (5) times the
+    largest saved tensor or ``first_margin_fraction`` (default 0.35) of the limit,
+    whichever is more (a language model's largest tensors come last, in its loss).
+``prefetch_reserve_factor``
+    backward's prefetching fills device memory only up to forward's end and up to the
+    limit less the margin and less this many (default 3) times the largest saved
+    tensor (raised by a quarter after a step whose backward the eviction net had to
+    rescue, or without the net whose backward went over the limit; never lowered:
+    backward's biggest allocations, e.g. ResNet-50's first layers allocating twice
+    their largest activation in fp32, come at moments no measurement at other moments
+    predicts).
+``plan``
+    (default True) learn from each step how many bytes had to be swapped and, in the
+    next step, swap that much from the *start* of forward: the copies out then overlap
+    forward, and backward, which needs those tensors last, has all its time to bring
+    them back.  The pressure rule stays on as a safety net.
+``prefetch_depth``
+    at most this many swapped tensors are fetched ahead of backward (default 48); the
+    real depth adapts to memory: prefetching stops where the device allocation would go
+    over forward's end or over the limit less the prefetch headroom (see
+    ``prefetch_reserve_factor``).  (On the H100, GPT-2 at 1.5x its largest stock batch
+    swaps ~10 tensors per layer: with 16 the copies in ran 1.5 layers ahead, the compute
+    stream waited for them 70% of backward, and the step took 2.44 s; with 48, 2.24 s.)
+``max_inflight_bytes``
+    device bytes that may wait for a device->host copy before forward waits
+    (default 1 GiB or the largest tensor seen, whichever is more); under memory
+    pressure forward waits for every earlier copy before it goes on.
+``host_limit``
+    bytes of pinned host memory for swap space, per process.  Default: env
+    ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` (shared with the allocator's host spill), else
+    80% of the machine's RAM, shared equally by the processes on the node
+    (:func:`local_world_size`: torchrun's ``LOCAL_WORLD_SIZE``).  On a patched build the
+    allocator's ``torch.cuda.lms._host_reserve``/``_host_release`` account the same
+    budget.
+``host_min_available``
+    the pool does not grow when the machine would be left with less available memory
+    than this (default max(2 GiB, 5% of RAM)).
+``guard``
+    (default True) register every tensor the policy keeps on the device with the
+    eviction net (``lms_swap_guard.cpp``, compiled once on first use; without a C++
+    compiler or CUDA headers swapping runs without it and warns): when the caching
+    allocator raises out-of-memory, the net copies kept tensors to host memory, earliest
+    saved first, frees them and retries the allocation, so a wrong forecast costs a
+    round trip instead of the job.  What it did is in :func:`stats` (``guard.*``,
+    ``swap.guard_*``) and is learned from: evictions in forward raise the next plan,
+    evictions in backward the margin.
+``trace``
+    record ``(time, event, device bytes allocated, host bytes in use)`` per pack and
+    unpack into :func:`trace` (costs a memory query per event).
+
+The hooks are per thread (as all saved-tensor hooks are): call :func:`enable` in the
+thread that runs forward.  Backward may run in autograd's threads; that is handled.
+
+Left on the device (never swapped): tensors under ``size_threshold``; parameters and
+other leaves that require grad; tensor subclasses; non-strided layouts; views with
+gaps or overlap (``x[:, ::2]``, ``expand``), and views covering less than half of their
+storage (swapping them would not free the storage).  Dense views (transposes,
+permutes, channels_last) are swapped with their strides.  An in-place change of a
+swapped tensor after it was saved raises the same error as stock autograd at
+``backward`` (detected while the saved tensor's Python object is alive).  Regions under
+other saved-tensor hooks (``torch.utils.checkpoint``) are left to those hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from . import guard  # noqa: F401  (the module: its loaded net is process state)
+from .environment import (ENV_HOST_LIMIT, ENV_THRESHOLD, GiB, KiB, LMSHostMemoryError,  # noqa: F401
+                          MiB, _host_total, host_mem_limit_from_env, local_world_size)
+from .guard import GUARD_SOURCE, build_guard, load_guard  # noqa: F401
+from .host_pool import HostPool  # noqa: F401
+from .policy import (SwapConfig, _dense_span, damped, growth_to_end, in_tail,  # noqa: F401
+                     learn_margin, next_margin_factor, next_plan, next_reserve_factor,
+                     next_slack, predict_forward_end, should_swap, swap_trigger)
+from .swapper import ActivationSwapper, _DevState  # noqa: F401
+
+__all__ = [
+    "LMSHostMemoryError",
+    "HostPool",
+    "SwapConfig",
+    "ActivationSwapper",
+    "enable",
+    "disable",
+    "is_enabled",
+    "configure",
+    "swapping",
+    "stats",
+    "reset_stats",
+    "trace",
+    "empty_cache",
+    "get_swapper",
+    "host_mem_limit_from_env",
+    "local_world_size",
+]
+
+_default: Optional[ActivationSwapper] = None
+_default_lock = threading.Lock()
+_tls = threading.local()
+
+
+def get_swapper() -> ActivationSwapper:
+    """The process-wide swapper used by :func:`enable` and :func:`swapping`."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = ActivationSwapper()
+    return _default
+
+
+def configure(**kw: Any) -> ActivationSwapper:
+    """Change tunables of the process-wide swapper (see the module docstring)."""
+    return get_swapper().configure(**kw)
+
+
+def enable(**kw: Any) -> None:
+    """Swap saved activations under memory pressure in the calling thread until
+    :func:`disable`.  Keyword arguments are tunables (see the module docstring).
+    Calling it again while enabled only applies the tunables."""
+    sw = get_swapper()
+    if kw:
+        sw.configure(**kw)
+    if getattr(_tls, "enabled", False):
+        return
+    sw.__enter__()
+    _tls.enabled = True
+
+
+def disable() -> None:
+    """Undo :func:`enable` in the calling thread (saved tensors already swapped still
+    come back in backward).  Hooks entered after :func:`enable` must be left first."""
+    if not getattr(_tls, "enabled", False):
+        return
+    get_swapper().__exit__(None, None, None)
+    _tls.enabled = False
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` is in effect in the calling thread."""
+    return bool(getattr(_tls, "enabled", False))
+
+
+@contextlib.contextmanager
+def swapping(**kw: Any):
+    """Context manager form: ``with swapping(): loss = model(x)``.  Uses the
+    process-wide swapper (one pinned pool, learned margins and statistics kept from
+    step to step); keyword arguments are applied to it with :func:`configure` and stay
+    in effect."""
+    sw = get_swapper()
+    if kw:
+        sw.configure(**kw)
+    with sw:
+        yield sw
+
+
+def stats() -> Dict[str, Any]:
+    """Counters of the process-wide swapper (``swap.*``, ``host.*``, ``policy.*``)."""
+    return get_swapper().stats()
+
+
+def reset_stats() -> None:
+    get_swapper().reset_stats()
+
+
+def trace() -> List[tuple]:
+    """``(seconds, event, device bytes allocated, host bytes in use)`` per pack/unpack
+    recorded while ``trace=True``."""
+    return get_swapper().trace()
+
+
+def empty_cache() -> int:
+    """Release cached pinned host buffers (those not holding a swapped tensor)."""
+    return get_swapper().empty_cache()

@@ -1,0 +1,128 @@
+"""What the process and the machine provide: units, the environment's settings, host
+memory facts, the allocator's LMS of a patched build, and the host-memory error."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Dict, Optional
+
+import torch
+
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+ENV_HOST_LIMIT = "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB"
+ENV_THRESHOLD = "PYTORCH_LMS_SWAP_THRESHOLD_IN_KB"
+
+
+_OutOfMemoryError = (getattr(torch, "OutOfMemoryError", None)          # torch >= 2.5
+                     or getattr(torch.cuda, "OutOfMemoryError", None)     # older
+                     or RuntimeError)
+
+
+class LMSHostMemoryError(_OutOfMemoryError):
+    """Raised when swap space in pinned host memory would exceed its limit (a
+    ``torch.OutOfMemoryError``, so code that handles out-of-memory handles it too).
+    Under ``torchrun`` the message names the rank and how many processes share the
+    node's host memory."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message + _rank_note())
+
+
+def local_world_size() -> int:
+    """Processes that share this node's host memory: torchrun's ``LOCAL_WORLD_SIZE``
+    (1 when it is unset or not a positive integer)."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def _rank_note() -> str:
+    rank = os.environ.get("RANK")
+    if rank is None:
+        return ""
+    return (f" (rank {rank}, local rank {os.environ.get('LOCAL_RANK', '?')} of "
+            f"{local_world_size()} processes sharing this node's host memory; the limit "
+            f"is per process)")
+
+
+# --------------------------------------------------------------------------------------
+# host memory facts
+# --------------------------------------------------------------------------------------
+def _meminfo() -> Dict[str, int]:
+    """/proc/meminfo in bytes ({} where unavailable)."""
+    out: Dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[1].isdigit():
+                    mult = 1024 if len(parts) > 2 and parts[2] == "kB" else 1
+                    out[parts[0].rstrip(":")] = int(parts[1]) * mult
+    except OSError:
+        pass
+    return out
+
+
+def _host_total() -> int:
+    return _meminfo().get("MemTotal", 0)
+
+
+def _host_available() -> Optional[int]:
+    return _meminfo().get("MemAvailable")
+
+
+def host_mem_limit_from_env() -> Optional[int]:
+    """Bytes given by ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB``, None when unset.
+
+    Raises ValueError for a value that is not a non-negative number.
+    """
+    raw = os.environ.get(ENV_HOST_LIMIT)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{ENV_HOST_LIMIT}={raw!r}: expected a number of MiB (e.g. 65536)"
+        ) from None
+    if mb < 0:
+        raise ValueError(f"{ENV_HOST_LIMIT}={raw!r}: must not be negative")
+    return int(mb * MiB)
+
+
+def _threshold_from_env() -> Optional[int]:
+    raw = os.environ.get(ENV_THRESHOLD)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        kb = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{ENV_THRESHOLD}={raw!r}: expected a number of KiB (e.g. 1024)"
+        ) from None
+    return int(kb * KiB)
+
+
+def _fmt(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    n = float(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _allocator_lms() -> Any:
+    """``torch.cuda.lms`` on a patched build, else None (never raises)."""
+    mod = getattr(torch.cuda, "lms", None)
+    if mod is not None and not callable(mod):
+        return mod
+    try:
+        return importlib.import_module("torch.cuda.lms")
+    except Exception:
+        return None

@@ -1,0 +1,93 @@
+"""The eviction net (``lms_swap_guard.cpp``, next to this package): the kept tensors' way
+out when the forecast fails.  Built once per PyTorch version with ``torch.utils.cpp_extension``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from typing import Any, Dict, List
+
+import torch
+
+
+# the source ships next to this package: torch/cuda/lms_swap_guard.cpp
+GUARD_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "lms_swap_guard.cpp")
+_guard_state: Dict[str, Any] = {}
+_guard_lock = threading.Lock()
+
+
+def _cuda_include_dirs() -> List[str]:
+    """Where the CUDA runtime headers are: a CUDA toolkit, else NVIDIA's wheels (the
+    runtime wheel, which PyTorch's CUDA wheels depend on, has ``cuda_runtime_api.h``; the
+    ``crt/`` headers it includes come with the compiler wheel, nvidia-cuda-nvcc-cu12, or
+    nvidia-cuda-crt for CUDA 13)."""
+    dirs = []
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+    except Exception:  # pragma: no cover - broken torch install
+        CUDA_HOME = None
+    for root in filter(None, (CUDA_HOME, os.environ.get("CUDA_HOME"))):
+        dirs.append(os.path.join(root, "include"))
+    for base in sys.path:
+        for sub in ("nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include",
+                    "nvidia/cu13/include", "nvidia/cu12/include"):
+            dirs.append(os.path.join(base, sub))
+    return [d for d in dict.fromkeys(dirs)
+            if any(os.path.isfile(os.path.join(d, h))
+                   for h in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")))]
+
+
+def build_guard(verbose: bool = False) -> Any:
+    """Compiles (once per PyTorch version; cached in ``TORCH_EXTENSIONS_DIR``) and imports
+    the eviction net.  Needs a C++ compiler, ninja and the CUDA runtime headers, not a
+    GPU; raises where it cannot be built.  :func:`load_guard` is what the swapper uses."""
+    from torch.utils import cpp_extension
+    inc = _cuda_include_dirs()
+    for header in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")):
+        if not any(os.path.isfile(os.path.join(d, header)) for d in inc):
+            # NVIDIA's wheel with the crt/ headers: CUDA 12's compiler wheel, CUDA 13's own
+            wheel = ("nvidia-cuda-crt" if (torch.version.cuda or "").startswith("13")
+                     else "nvidia-cuda-nvcc-cu12")
+            raise RuntimeError(
+                f"the CUDA runtime headers are incomplete ({header} not found): install a "
+                f"CUDA toolkit and set CUDA_HOME, or `pip install {wheel}` of CUDA "
+                f"{torch.version.cuda}")
+    return cpp_extension.load(
+        name="lms_swap_guard_" + torch.__version__.replace(".", "_").replace("+", "_"),
+        sources=[GUARD_SOURCE], extra_include_paths=inc,
+        extra_cflags=["-O2"], verbose=verbose)
+
+
+def load_guard(required: bool = False) -> Any:
+    """The compiled eviction net (built once per PyTorch version with
+    ``torch.utils.cpp_extension``; cached in ``TORCH_EXTENSIONS_DIR``), or None where it
+    cannot be built (no C++ compiler, no CUDA headers, no CUDA): swapping then runs on
+    its forecast alone, and :func:`stats` says so (``guard.active`` 0).  ``required``
+    raises instead."""
+    with _guard_lock:
+        if "module" in _guard_state:
+            mod = _guard_state["module"]
+            if mod is None and required:
+                raise RuntimeError(_guard_state.get("error", "LMS guard unavailable"))
+            return mod
+        mod, err = None, None
+        try:
+            if not torch.cuda.is_available():
+                raise RuntimeError("CUDA is not available")
+            mod = build_guard()
+        except Exception as e:  # the job goes on without the net; stats show it
+            err = f"LMS activation swapping: eviction net not built ({type(e).__name__}: {e})"
+            warnings.warn(err + "; a wrong forecast can then end in CUDA out of memory",
+                          RuntimeWarning, stacklevel=3)
+        _guard_state["module"], _guard_state["error"] = mod, err
+        if mod is None and required:
+            raise RuntimeError(err)
+        return mod
+
+
+def loaded_guard() -> Any:
+    """The eviction net if :func:`load_guard` built it, else None (builds nothing)."""
+    return _guard_state.get("module")

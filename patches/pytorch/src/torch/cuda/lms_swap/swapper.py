@@ -1,0 +1,871 @@
+"""The swapper: saved-tensor hooks that swap activations out under pressure and bring
+them back ahead of backward, and learn from each step what the next will need."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .environment import (GiB, LMSHostMemoryError, MiB, _OutOfMemoryError, _allocator_lms,
+                          _host_total, host_mem_limit_from_env, local_world_size)
+from .guard import load_guard, loaded_guard
+from .host_pool import HostPool
+from .policy import (SwapConfig, _dense_span, _storage_bytes, damped, growth_to_end,
+                     in_tail, next_margin_factor, next_plan, next_reserve_factor,
+                     next_slack, predict_forward_end, should_swap, swap_trigger)
+
+
+class _Swapped:
+    """What autograd holds for a swapped tensor (the packed object)."""
+
+    __slots__ = (
+        "owner", "nbytes", "size", "stride", "dtype", "device", "host",
+        "d2h_event", "gpu", "gpu_stream", "h2d_event", "refs", "unpacks", "index",
+        "orig", "version", "pass_id", "slot", "__weakref__",
+    )
+
+    @classmethod
+    def of(cls, owner: Any, t: torch.Tensor, nbytes: int, host: Optional[torch.Tensor] = None,
+           slot: Any = None) -> "_Swapped":
+        """The handle of ``t``: swapped to ``host``, or kept on the device in ``slot``."""
+        h = cls()
+        h.owner = owner  # from here on, dropping h returns the host buffer
+        h.host, h.slot = host, slot
+        h.nbytes = nbytes
+        h.size, h.stride, h.dtype, h.device = t.size(), t.stride(), t.dtype, t.device
+        h.d2h_event = h.gpu = h.gpu_stream = h.h2d_event = None
+        h.refs, h.unpacks, h.pass_id, h.index = 1, 0, -1, None
+        h.version = t._version
+        h.orig = weakref.ref(t)
+        return h
+
+    def __del__(self) -> None:
+        owner = self.owner
+        if owner is not None and self.host is not None:
+            try:
+                owner._release(self)
+            except Exception:
+                pass
+
+
+def _check_version(h: "_Swapped") -> None:
+    """Stock autograd's check that a saved tensor was not changed in place since it
+    was saved (autograd cannot see it through a handle)."""
+    orig = h.orig()
+    if orig is not None and orig._version != h.version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified "
+            f"by an inplace operation: [{h.dtype} {list(h.size)}] is at version "
+            f"{orig._version}; expected version {h.version} instead (the tensor was "
+            "saved through LMS activation swapping)."
+        )
+
+
+class _DevState:
+    __slots__ = (
+        "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
+        "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
+        "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
+        "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
+        "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
+        "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked",
+    )
+
+    def __init__(self, index: Optional[int]) -> None:
+        self.index = index
+        self.d2h = None
+        self.h2d = None
+        self.est = 0
+        self.since_query = 1 << 30
+        self.order: List[weakref.ref] = []
+        self.inflight: collections.deque = collections.deque()
+        self.inflight_bytes = 0
+        self.margin: Optional[int] = None
+        self.fwd_end: Optional[int] = None
+        self.peak_before: Optional[int] = None
+        self.largest = 0
+        self.swapped_in_fwd = 0
+        self.limit: Optional[int] = None
+        self.k: Optional[float] = None  # learned margin / largest saved tensor
+        self.reserve_k = 0.0  # prefetch headroom / largest saved tensor (raised on overrun)
+        self.saved = 0       # bytes of eligible tensors saved so far in this forward
+        self.prev_saved: Optional[int] = None  # ... in the whole previous forward
+        self.rec_off: List[int] = []        # where this forward read the allocation
+        self.rec_unswapped: List[int] = []  # ... and allocation + bytes swapped there
+        self.prev_off: List[int] = []       # the previous forward's reading points
+        self.prev_growth: List[int] = []    # ... and its growth_to_end there
+        self.cursor = 0      # lowest pack position consumed in this backward
+        self.plan = 0        # bytes to swap from the start of forward (learned)
+        self.planned = 0     # bytes swapped by the plan in this forward
+        self.reactive = 0    # bytes swapped under pressure in this forward
+        self.guard_seen = 0  # the eviction net's evicted bytes when this phase began
+        self.peak_marked = False  # the net's running peak was marked at backward's start
+        self.slack = 0       # kept free on top of the learned margin (next_slack)
+        self.released_seen = 0  # the allocator's released segments when the step began
+        self.fwd_evicted = 0    # the net's evictions in this step's forward
+        self.cap: Optional[int] = None  # what the caching allocator can have at most
+        self.fwd_base = 0       # the allocation where the net's running peak was marked
+        self.fwd_marked = False  # ... at this forward's start
+
+
+class ActivationSwapper:
+    """Saved-tensor hooks that swap activations to host memory under pressure.
+
+    An instance is a context manager (like ``save_on_cpu``)::
+
+        swapper = ActivationSwapper(prefetch_depth=6)
+        with swapper:
+            loss = model(x)
+        loss.backward()
+
+    It can be entered several times (and in several threads); all uses share one host
+    pool and one set of statistics.
+    """
+
+    def __init__(self, pool: Optional[HostPool] = None, **kw: Any) -> None:
+        self.config = SwapConfig(**kw)
+        self._lock = threading.RLock()
+        self._pool = pool
+        self._dev: Dict[Any, _DevState] = {}
+        self._dedupe: Dict[int, tuple] = {}
+        self._phase = "idle"
+        self._pass_id = 0
+        self._prefetch_pending = False
+        self._kept_unpacks = 0
+        self._trace: List[tuple] = []
+        self._t0 = time.perf_counter()
+        self._tls = threading.local()  # per-thread stack of entered hooks
+        self._reset_counters()
+
+    # -- configuration -------------------------------------------------------------
+    def configure(self, **kw: Any) -> "ActivationSwapper":
+        with self._lock:
+            self.config.update(**kw)
+            if "host_limit" in kw or "host_min_available" in kw:
+                if self._pool is not None:
+                    lim, minav = self._host_limits()
+                    self._pool.limit, self._pool.min_available = lim, minav
+                    self._share_host_budget()
+            for st in self._dev.values():
+                st.limit = None
+                if "margin" in kw:
+                    st.margin = None
+        return self
+
+    def _host_limits(self) -> tuple:
+        cfg = self.config
+        total = _host_total()
+        limit = cfg.host_limit
+        if limit is None:
+            limit = host_mem_limit_from_env()
+        if limit is None:
+            # the processes on a node share its memory: 8 ranks each taking 80% of it
+            # would be the kernel's OOM killer's business, not an error of ours
+            limit = int(total * 0.80) // local_world_size() if total else 64 * GiB
+        minav = cfg.host_min_available
+        if minav is None:
+            minav = max(2 * GiB, int(total * 0.05)) if total else 0
+        return int(limit), int(minav)
+
+    @property
+    def pool(self) -> HostPool:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    limit, minav = self._host_limits()
+                    lms = _allocator_lms()
+                    reserve = getattr(lms, "_host_reserve", None) if lms else None
+                    release = getattr(lms, "_host_release", None) if lms else None
+                    if reserve is None or release is None:
+                        reserve = release = None
+                    pin = self.config.device_type == "cuda" and torch.cuda.is_available()
+                    guard = self._guard()
+                    self._pool = HostPool(
+                        limit, pin=pin, min_available=minav,
+                        reserve_fn=reserve, release_fn=release,
+                        extra_fn=guard.host_bytes if guard is not None else None,
+                        on_change=(self._share_host_budget if guard is not None else None),
+                    )
+                    self._share_host_budget()
+        return self._pool
+
+    def _share_host_budget(self, _in_use: Optional[int] = None) -> None:
+        """Tells the eviction net (once loaded) the host limit and the pinned pool's bytes
+        in use under it (its cached buffers yield to the net: see HostPool)."""
+        guard, pool = loaded_guard(), self._pool
+        if guard is not None and pool is not None and self.config.guard:
+            guard.set_host_budget(pool.limit, pool.in_use, pool.min_available)
+
+    def _guard(self) -> Any:
+        """The eviction net, armed, or None (``guard=False``, CPU, or not buildable)."""
+        cfg = self.config
+        if not cfg.guard or cfg.device_type != "cuda" or cfg.policy == "never":
+            return None
+        g = load_guard()
+        if g is not None and not g.armed():
+            g.arm(True)
+        return g
+
+    # -- context manager / hooks ---------------------------------------------------
+    def __enter__(self) -> "ActivationSwapper":
+        h = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        h.__enter__()
+        stack = getattr(self._tls, "hooks", None)
+        if stack is None:
+            stack = self._tls.hooks = []
+        stack.append(h)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        h = self._tls.hooks.pop()
+        h.__exit__(*exc)
+
+    # -- statistics ----------------------------------------------------------------
+    def _reset_counters(self) -> None:
+        self.c = collections.Counter()
+        self.throttle_s = 0.0
+
+    def stats(self) -> Dict[str, Any]:
+        with self._lock:
+            out: Dict[str, Any] = {
+                "swap." + k: v for k, v in sorted(self.c.items())
+            }
+            out["swap.throttle_wait_ms"] = int(self.throttle_s * 1000)
+            for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
+                        "kept_bytes", "small_count", "dedupe_hits", "prefetched",
+                        "prefetch_hits", "fetched_on_demand", "memory_queries",
+                        "planned_count", "reactive_count", "throttle_waits",
+                        "tail_kept", "predicted_kept", "host_full_kept",
+                        "guard_fetched", "guard_forward_bytes", "guard_backward_bytes"):
+                out.setdefault("swap." + key, 0)
+            for dev, st in self._dev.items():
+                tag = f"dev{dev}" if dev is not None else "cpu"
+                out[f"policy.{tag}.margin_bytes"] = st.margin
+                out[f"policy.{tag}.slack_bytes"] = st.slack
+                out[f"policy.{tag}.device_limit_bytes"] = st.limit
+                out[f"policy.{tag}.plan_bytes"] = st.plan
+                out[f"policy.{tag}.prefetch_reserve_bytes"] = (
+                    self._prefetch_reserve(st) if st.largest else None)
+                out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
+            if self._pool is not None:
+                out.update(self._pool.stats())
+            g = loaded_guard() if self.config.guard else None
+            out["guard.active"] = int(g is not None and g.armed())
+            if g is not None:
+                out.update({"guard." + k: int(v) for k, v in g.stats().items()
+                            if k != "armed"})
+            return out
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._reset_counters()
+            self._trace.clear()
+            if self._pool is not None:
+                self._pool.reset_peaks()
+
+    def trace(self) -> List[tuple]:
+        with self._lock:
+            return list(self._trace)
+
+    def empty_cache(self) -> int:
+        return self._pool.empty_cache() if self._pool is not None else 0
+
+    # -- device helpers --------------------------------------------------------------
+    def _state(self, t: torch.Tensor) -> _DevState:
+        key = t.device.index if t.device.type == "cuda" else None
+        st = self._dev.get(key)
+        if st is None:
+            st = _DevState(key)
+            if key is not None:
+                st.d2h = torch.cuda.Stream(device=t.device)
+                st.h2d = torch.cuda.Stream(device=t.device)
+                guard = self._guard()
+                if guard is not None:  # the net's counter is the process's
+                    st.guard_seen = guard.evicted_bytes()
+            self._dev[key] = st
+        return st
+
+    def _device_limit(self, st: _DevState) -> int:
+        if st.limit is None:
+            cfg = self.config
+            if cfg.device_limit is not None:
+                st.limit = int(cfg.device_limit)
+            elif st.index is None:
+                st.limit = 1 << 62
+            else:
+                lim = cap = 0
+                lms = _allocator_lms()
+                get = getattr(lms, "get_limit_lms", None) if lms else None
+                if get is None:
+                    get = getattr(torch.cuda, "get_limit_lms", None)
+                if get is not None:
+                    try:
+                        lim = int(get())
+                    except Exception:
+                        lim = 0
+                total = torch.cuda.get_device_properties(st.index).total_memory
+                if lim <= 0 or lim > total:
+                    if cfg.device_limit_fraction is not None:
+                        lim = int(total * float(cfg.device_limit_fraction))
+                    elif self._guard() is not None:
+                        # what the caching allocator can have, less 1% that its cache
+                        # loses to fragmentation: aiming at 98% of the card swapped at
+                        # batches stock PyTorch trains (its largest run at 96-99% of an
+                        # H100); aiming at all of it, ViT-L at such a batch failed an
+                        # allocation in a fragmented cache in backward, which the net
+                        # caught (a second per step).  Too high costs an eviction by
+                        # the net, not the job.
+                        free, _ = torch.cuda.mem_get_info(st.index)
+                        cap = min(total, int(free) + torch.cuda.memory_reserved(st.index))
+                        lim = cap - cap // 100
+                    else:
+                        lim = int(total * 0.98)
+                st.limit = lim
+                st.cap = max(cap, lim)
+        return st.limit
+
+    def _device_cap(self, st: _DevState) -> int:
+        """What the caching allocator can have at most: free plus reserved memory when
+        the net sets the limit, else the limit itself."""
+        lim = self._device_limit(st)
+        return st.cap if st.cap is not None else lim
+
+    def _margin(self, st: _DevState) -> int:
+        """Room kept for backward's own allocations: a fixed ``margin``, else the learned
+        factor (``margin_factor`` until a step was seen) times the largest saved tensor
+        (backward's gradients scale with it)."""
+        cfg = self.config
+        if cfg.margin is not None:
+            st.margin = int(cfg.margin)
+        elif st.k is not None:
+            st.margin = max(int(cfg.min_margin), int(st.k * st.largest)) + st.slack
+        elif cfg.first_margin_fraction is None and self._net_idle(st):
+            # first step, with the net, until the net first has to move something: no
+            # forecast (a step that fits swaps nothing and pins no host memory)
+            st.margin = int(cfg.min_margin)
+        else:
+            # first step without the net, or after the net showed the step does not fit
+            # (its copies are synchronous, into pageable memory: on an H100 the first
+            # step of a Llama at 2x took 72 s with the net moving 60 GB, 42 s with this
+            # rule, the net moving 33 GB): nothing
+            # learned, and the largest tensors may come last (a language model's loss):
+            # keep a share of the limit as well
+            frac = 0.35 if cfg.first_margin_fraction is None else cfg.first_margin_fraction
+            st.margin = max(int(cfg.min_margin), int(cfg.margin_factor * st.largest),
+                            int(float(frac) * self._device_limit(st)))
+        return st.margin
+
+    def _prefetch_reserve(self, st: _DevState) -> int:
+        """Device memory prefetching leaves free for backward's own allocations: the
+        margin, and at least ``prefetch_reserve_factor`` times the largest saved tensor
+        (raised by a quarter after a step whose backward went over the limit).  Not
+        learned down: backward's biggest allocations (ResNet-50's first layers allocate
+        twice their largest activation in fp32) come at moments the prefetch level does
+        not predict."""
+        return max(self._margin(st), int(self._reserve_factor(st) * st.largest) + 256 * MiB)
+
+    def _reserve_factor(self, st: _DevState) -> float:
+        return max(float(self.config.prefetch_reserve_factor), st.reserve_k)
+
+    def _allocated(self, st: _DevState) -> int:
+        self.c["memory_queries"] += 1
+        if st.index is None:
+            return 0
+        return torch.cuda.memory_allocated(st.index)
+
+    def _inflight_allowance(self, st: _DevState) -> int:
+        return max(int(self.config.max_inflight_bytes), st.largest)
+
+    def _record_trace(self, st: _DevState, what: str) -> None:
+        alloc = self._allocated(st) if st.index is not None else 0
+        host = self._pool.in_use if self._pool is not None else 0
+        self._trace.append((time.perf_counter() - self._t0, what, alloc, host))
+
+    # -- phases ----------------------------------------------------------------------
+    def _begin_forward(self) -> None:
+        """First pack after a backward: learn the margin, start a new order."""
+        self._phase = "fwd"
+        self._dedupe.clear()
+        self._prefetch_pending = False
+        if self._pool is not None:
+            self._pool.end_step()
+        for st in self._dev.values():
+            # what the net moved in backward is memory backward needed beyond its peak.
+            # (Not only the failed requests' sizes, which are smaller: at a batch stock
+            # PyTorch trains, 99% of an H100, ViT-L's backward failed for want of one
+            # piece in a fragmented cache, and a margin raised by the requests alone let
+            # it fail in 9 of the next 10 steps, each costing a second.)
+            bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
+            guard = self._guard()
+            if guard is not None and st.index is not None:
+                released = guard.released(st.index)
+                moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
+                st.slack = next_slack(st.slack, released > st.released_seen, moved,
+                                      self._device_limit(st))
+                st.released_seen = released
+            if (st.index is not None and st.fwd_end is not None and st.largest
+                    and self.config.adaptive_margin and self.config.margin is None):
+                peak, exact = self._backward_peak(st)
+                before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
+                old_k = st.k
+                st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
+                                          before, peak + bwd_evicted,
+                                          int(self.config.min_margin),
+                                          self._min_margin_factor())
+                st.k = damped(st.k, old_k)
+                # over the limit is harm only where the net had to move memory (the
+                # allocator's own retries are the slack's business); without the net,
+                # from a step that set a new peak
+                if (bwd_evicted > 0) if exact else (peak > (st.peak_before or 0)):
+                    st.reserve_k = next_reserve_factor(self._reserve_factor(st), peak,
+                                                       self._device_limit(st))
+                self.c["margin_updates"] += 1
+            if guard is not None and st.index is not None and self.config.policy == "auto":
+                # forward's own peak, read at backward's start (_forward_peak_over)
+                st.fwd_base = self._allocated(st)
+                guard.mark_peak(st.index)
+                st.fwd_marked = True
+            st.fwd_end = None
+            st.since_query = 1 << 30
+            st.est = 0
+            alive = [r for r in st.order if r() is not None]
+            for i, r in enumerate(alive):
+                h = r()
+                if h is not None:
+                    h.index = i
+            st.order = alive
+            st.swapped_in_fwd = 0
+            st.planned = 0
+            st.reactive = 0
+            st.fwd_evicted = 0
+            st.saved = 0
+            st.rec_off, st.rec_unswapped = [], []
+
+    def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
+        """The device allocation at its highest since backward began, and whether that
+        is this backward's own peak.  With the net, exact: the level at backward's start
+        plus the net's running peak since then.  Without it, the program's
+        ``max_memory_allocated``, which lms_swap must not reset: an older step's peak
+        when this one set none, so only an upper bound (a first step at twice the
+        memory held a UNet's margin at 28.5 GB for good)."""
+        guard = self._guard()
+        if guard is not None and st.peak_marked:
+            st.peak_marked = False
+            return int(st.fwd_end) + int(guard.peak_growth(st.index)), True
+        return torch.cuda.max_memory_allocated(st.index), False
+
+    def _forward_peak_over(self, st: _DevState) -> Optional[int]:
+        """How far this forward's peak went over what the allocator can have (negative:
+        under it), by the net's running peak since forward's start; None without the
+        net, or when forward's start was not marked."""
+        guard = self._guard()
+        if guard is None or not st.fwd_marked:
+            return None
+        st.fwd_marked = False
+        peak = st.fwd_base + int(guard.peak_growth(st.index))
+        return peak - self._device_cap(st)
+
+    def _net_evicted(self, st: _DevState, counter: str) -> int:
+        """Bytes the eviction net moved since the last phase began (counted under
+        ``counter``)."""
+        guard = self._guard()
+        now = guard.evicted_bytes() if guard is not None else 0
+        moved, st.guard_seen = now - st.guard_seen, now
+        if moved > 0:
+            self.c[counter] += moved
+        return moved
+
+    def _net_moved(self, st: _DevState) -> int:
+        """Bytes the eviction net has moved so far in this phase (0 without the net)."""
+        guard = self._guard()
+        return guard.evicted_bytes() - st.guard_seen if guard is not None else 0
+
+    def _net_idle(self, st: _DevState) -> bool:
+        """Whether the eviction net is there and has moved nothing in this phase."""
+        return self._guard() is not None and self._net_moved(st) == 0
+
+    def _min_margin_factor(self) -> float:
+        f = self.config.min_margin_factor
+        if f is None:
+            f = 0.0 if self._guard() is not None else 1.0
+        return float(f)
+
+    def _begin_backward(self) -> None:
+        self._phase = "bwd"
+        self._pass_id += 1
+        self._dedupe.clear()
+        self._kept_unpacks = 0
+        self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
+        for st in self._dev.values():
+            # the net's evictions in forward were swaps the forecast should have planned
+            fwd_evicted = st.fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
+            st.cursor = len(st.order)
+            st.prev_saved = st.saved
+            if st.index is not None and self.config.policy == "auto":
+                st.fwd_end = self._allocated(st)
+                peak_over = self._forward_peak_over(st)
+                guard = self._guard()
+                if guard is not None:
+                    guard.mark_peak(st.index)
+                    st.peak_marked = True
+                else:
+                    # without the net: the program's peak so far, which the next
+                    # forward compares backward's against (_backward_peak)
+                    st.peak_before = torch.cuda.max_memory_allocated(st.index)
+                st.prev_off = st.rec_off
+                # the net's evictions count as swapped: left out, an end they lowered
+                # predicts the next forward under the trigger, it keeps what it should
+                # swap, and the net evicts again at the same place every step (on an
+                # H100 a Llama at 1.5x: 8 GB a step, synchronously, 7-8.6 s a step)
+                st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped, st.fwd_end,
+                                               st.planned + st.reactive + fwd_evicted)
+                st.rec_off, st.rec_unswapped = [], []
+                if self.config.plan:
+                    trig = swap_trigger(self._device_limit(st), self._margin(st))
+                    swapped = st.planned + st.reactive + fwd_evicted
+                    if swapped == 0 and st.fwd_end <= trig:
+                        plan = 0
+                    else:
+                        plan = next_plan(swapped, st.fwd_end, trig,
+                                         max(256 * MiB, self._device_limit(st) // 128),
+                                         peak_over)
+                    st.plan = int(damped(plan, st.plan or None))
+            self._drain(st, wait=False)
+
+    # -- pack ------------------------------------------------------------------------
+    def _pack(self, t: torch.Tensor) -> Any:
+        cfg = self.config
+        if (cfg.policy == "never" or t.device.type != cfg.device_type
+                or t.layout != torch.strided):
+            return t
+        tt = type(t)
+        if tt is not torch.Tensor:
+            return t  # parameters, subclasses (DTensor, fake tensors, ...)
+        if t.is_leaf and t.requires_grad:
+            return t
+        nbytes = t.numel() * t.element_size()
+        with self._lock:
+            if self._phase != "fwd":
+                self._begin_forward()
+            if nbytes < cfg.size_threshold or nbytes == 0:
+                self.c["small_count"] += 1
+                return t
+            if cfg.dedupe:
+                ent = self._dedupe.get(id(t))
+                if ent is not None and ent[0]() is t and ent[1] == t._version:
+                    if ent[2] is None:
+                        self.c["dedupe_hits"] += 1
+                        return t
+                    h = ent[2]()
+                    if h is not None and h.owner is not None:
+                        self.c["dedupe_hits"] += 1
+                        h.refs += 1
+                        return h
+            st = self._state(t)
+            if nbytes > st.largest:
+                st.largest = nbytes
+            why, wait, eligible = self._decide(st, t, nbytes)
+            h = None
+            if why is not None:
+                try:
+                    h = self._swap_out(st, t, nbytes, wait)
+                except LMSHostMemoryError:
+                    if not self._may_keep(st, why, nbytes):
+                        raise
+                    # swap space is full but the device has room under its limit: the
+                    # tensor stays (the margin is a forecast, the limit is not)
+                    self.c["host_full_kept"] += 1
+                if h is not None and why == "plan":
+                    st.planned += nbytes
+                    self.c["planned_count"] += 1
+                elif h is not None and why == "pressure":
+                    st.reactive += nbytes
+                    self.c["reactive_count"] += 1
+            if h is None:
+                self.c["kept_count"] += 1
+                self.c["kept_bytes"] += nbytes
+                if eligible and st.index is not None:
+                    h = self._keep_evictable(t, nbytes)
+            if cfg.dedupe:
+                # weak references only: an abandoned graph must free its buffers
+                self._dedupe[id(t)] = (weakref.ref(t), t._version,
+                                       None if h is None else weakref.ref(h))
+            if cfg.trace:
+                self._record_trace(st, "out" if h is not None else "keep")
+            return t if h is None else h
+
+    def _decide(self, st: _DevState, t: torch.Tensor, nbytes: int) -> tuple:
+        """(why it is swapped: None (kept), "always", "plan" or "pressure"; wait for
+        earlier copies if too many are in flight?; could it be swapped at all?)"""
+        cfg = self.config
+        saved_before = st.saved
+        st.saved += nbytes
+        if not _dense_span(t):
+            self.c["not_dense_kept"] += 1
+            return None, False, False
+        storage_bytes = _storage_bytes(t)
+        if storage_bytes and nbytes < cfg.min_storage_fraction * storage_bytes:
+            # a small view of a big storage: swapping it would not free the storage
+            self.c["partial_view_kept"] += 1
+            return None, False, False
+        if cfg.policy == "always":
+            return "always", True, True
+        tail = in_tail(saved_before, nbytes, st.prev_saved, st.largest)
+        pressure = self._pressure(st, nbytes, tail)
+        if st.planned < st.plan:
+            return "plan", pressure, True
+        if pressure:
+            return "pressure", True, True
+        return None, False, True
+
+    def _pressure(self, st: _DevState, nbytes: int, tail: bool = False) -> bool:
+        """Whether the device allocation (which includes the tensor being saved) is over
+        the trigger by :func:`should_swap`; for a tensor of the tail (:func:`in_tail`),
+        only whether it is over the limit itself; while the tensor and one more like it
+        fit under the limit, also whether the previous step predicts forward's end over
+        the trigger (:func:`predict_forward_end`).  Queries the allocator only every
+        ``query_every`` tensors while the estimate stays far below the trigger.  (A
+        version that only waited for running copies instead of swapping, when those
+        copies alone explained the pressure, ran out of device memory at 1.5x on the
+        H100: the allocator no longer counts tensors whose copy is still running.)"""
+        limit, margin = self._device_limit(st), self._margin(st)
+        trigger = swap_trigger(limit, margin)
+        st.since_query += 1
+        slack = max(2 * st.largest, 1 * GiB)
+        if st.est + nbytes <= trigger - slack and st.since_query < self.config.query_every:
+            st.est += nbytes
+            return False
+        alloc = self._allocated(st)
+        st.est = alloc
+        st.since_query = 0
+        st.rec_off.append(st.saved)
+        # what the net moved is gone from the allocation as much as what was swapped
+        st.rec_unswapped.append(alloc + st.planned + st.reactive + self._net_moved(st))
+        if not should_swap(nbytes, alloc, limit, margin):
+            return False
+        if tail and alloc <= limit:
+            self.c["tail_kept"] += 1
+            return False
+        if alloc + nbytes <= limit:
+            # the previous step knows how this forward goes on: swap only when its end,
+            # not this moment's transients and one tensor looked ahead, would be over
+            # the trigger (GPT-2 on the H100 swapped a loss chunk per step for the
+            # logits that were alive while it was saved)
+            end = predict_forward_end(alloc, st.saved, st.prev_off, st.prev_growth,
+                                      st.prev_saved)
+            if end is not None and end <= trigger:
+                self.c["predicted_kept"] += 1
+                return False
+        return True
+
+    def _keep_evictable(self, t: torch.Tensor, nbytes: int) -> Optional[_Swapped]:
+        """A handle for a tensor that stays on the device, registered with the eviction
+        net (which may move it to host memory if the device runs out); None without the
+        net (autograd then holds the tensor itself, as stock)."""
+        guard = self._guard()
+        if guard is None:
+            return None
+        return _Swapped.of(self, t, nbytes, slot=guard.Slot(t))
+
+    def _may_keep(self, st: _DevState, why: str, nbytes: int) -> bool:
+        """Whether a tensor that found no swap space may stay on the device: not under
+        ``policy="always"``, and only while the device allocation, with as much again
+        for the next output, stays under the limit."""
+        if why == "always":
+            return False
+        return self._allocated(st) + nbytes <= self._device_limit(st)
+
+    def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
+                  wait: bool = True) -> Optional[_Swapped]:
+        host = self.pool.alloc(nbytes)  # may raise LMSHostMemoryError
+        h = _Swapped.of(self, t, nbytes, host=host)
+        src = t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
+        if st.index is None:
+            host.copy_(src)
+            h.d2h_event = None
+        else:
+            cur = torch.cuda.current_stream(t.device)
+            st.d2h.wait_stream(cur)
+            with torch.cuda.stream(st.d2h):
+                host.copy_(src, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(st.d2h)
+            # the caching allocator must not reuse t's memory before the copy ran
+            t.record_stream(st.d2h)
+            h.d2h_event = ev
+            st.inflight.append((ev, nbytes))
+            st.inflight_bytes += nbytes
+            if wait and self.config.policy == "auto":
+                # under pressure: let no earlier copy wait, so the device allocation
+                # never goes more than this tensor over the trigger
+                self._drain(st, wait=True, allowance=nbytes)
+            else:
+                self._drain(st, wait=wait)
+        h.index = len(st.order)
+        st.order.append(weakref.ref(h))
+        st.swapped_in_fwd += 1
+        self.c["out_count"] += 1
+        self.c["out_bytes"] += nbytes
+        return h
+
+    def _drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
+        """Forget finished device->host copies; with ``wait``, block until not more
+        than the in-flight allowance is waiting."""
+        if allowance is None:
+            allowance = self._inflight_allowance(st)
+        while st.inflight:
+            ev, n = st.inflight[0]
+            if not ev.query():
+                if not wait or st.inflight_bytes <= allowance:
+                    break
+                t0 = time.perf_counter()
+                ev.synchronize()
+                self.throttle_s += time.perf_counter() - t0
+                self.c["throttle_waits"] += 1
+            st.inflight.popleft()
+            st.inflight_bytes -= n
+
+    # -- unpack ----------------------------------------------------------------------
+    def _unpack_kept(self, device: torch.device) -> None:
+        """Backward unpacks a tensor that stayed on the device."""
+        if self._phase == "fwd":
+            with self._lock:
+                if self._phase == "fwd":
+                    self._begin_backward()
+        if self._prefetch_pending:
+            # backward is still in the part it kept on the device: use the time to
+            # bring back the first swapped tensors it will need
+            self._kept_unpacks += 1
+            if self._kept_unpacks % 4 == 0 and self.config.prefetch_depth > 0:
+                with self._lock:
+                    st = self._dev.get(device.index if device.type == "cuda" else None)
+                    if st is not None and st.order:
+                        self._prefetch(st, st.cursor, device)
+
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _Swapped):
+            self._unpack_kept(packed.device)
+            return packed
+        h = packed
+        if h.slot is not None:
+            t = h.slot.device_tensor()
+            if t is not None:  # still on the device (the net did not need it)
+                self._unpack_kept(h.device)
+                _check_version(h)
+                return t
+        with self._lock:
+            if self._phase == "fwd":
+                self._begin_backward()
+            st = self._dev[h.device.index if h.device.type == "cuda" else None]
+            if h.gpu is None:
+                t = self._fetch(st, h)
+                self.c["fetched_on_demand" if h.slot is None else "guard_fetched"] += 1
+            else:
+                t = h.gpu
+                self.c["prefetch_hits"] += 1
+            if h.pass_id != self._pass_id:
+                h.pass_id = self._pass_id
+                h.unpacks = 0
+            h.unpacks += 1
+            if h.unpacks >= h.refs:
+                h.gpu = None  # autograd holds it while the node runs; refetch if needed
+            if st.index is not None:
+                cur = torch.cuda.current_stream(h.device)
+                cur.wait_event(h.h2d_event)
+                if h.gpu_stream != cur:
+                    t.record_stream(cur)
+            if h.index is not None:  # (an evicted slot is not in the swap order)
+                if h.index < st.cursor:
+                    st.cursor = h.index
+                if self.config.prefetch_depth > 0:
+                    self._prefetch(st, h.index, h.device)
+            if self.config.trace:
+                self._record_trace(st, "in")
+        _check_version(h)
+        return t
+
+    def _fetch(self, st: _DevState, h: _Swapped) -> torch.Tensor:
+        if st.index is None:
+            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
+            dst.as_strided((dst.numel(),), (1,), 0).view(torch.uint8).copy_(h.host)
+            h.gpu = dst
+            self.c["in_count"] += 1
+            self.c["in_bytes"] += h.nbytes
+            return dst
+        cur = torch.cuda.current_stream(h.device)
+        try:
+            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
+        except _OutOfMemoryError:
+            # copies still running hold memory that the allocator frees once they end
+            torch.cuda.synchronize(h.device)
+            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
+        # dst may reuse memory that work queued on `cur` still reads
+        st.h2d.wait_stream(cur)
+        if h.d2h_event is not None:
+            st.h2d.wait_event(h.d2h_event)
+        # a slot the net evicted: its bytes are in pageable memory, and the net's copy
+        # had finished before it freed the device memory
+        src = h.host if h.slot is None else h.slot.host_bytes()
+        with torch.cuda.stream(st.h2d):
+            dst.as_strided((dst.numel(),), (1,), 0).view(torch.uint8).copy_(
+                src, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(st.h2d)
+        dst.record_stream(st.h2d)
+        h.gpu = dst
+        h.gpu_stream = cur
+        h.h2d_event = ev
+        self.c["in_count"] += 1
+        self.c["in_bytes"] += h.nbytes
+        return dst
+
+    def _prefetch(self, st: _DevState, start: int, device: torch.device) -> None:
+        """Fetch the swapped tensors below position ``start`` of the pack order
+        (backward needs them in about that order), at most ``prefetch_depth`` ahead and
+        only while the device allocation stays under forward's end and under the limit
+        less :meth:`_prefetch_reserve` (the room backward needs for itself)."""
+        depth = int(self.config.prefetch_depth)
+        order = st.order
+        j = min(start, len(order)) - 1
+        count = 0
+        free = None
+        fetched = 0
+        limit = self._device_limit(st)
+        while j >= 0 and count < depth:
+            c = order[j]()
+            j -= 1
+            if c is None or c.pass_id == self._pass_id or c.owner is None:
+                continue
+            if c.device != device:
+                continue
+            count += 1
+            if c.gpu is not None:
+                continue
+            if free is None:
+                ceiling = limit - self._prefetch_reserve(st)
+                if st.fwd_end is not None and self.config.policy == "auto":
+                    # never hold more than forward left: backward's peak over forward's
+                    # end then measures backward's own need (the margin), not how far
+                    # prefetching went (a margin that fed on its own prefetching stayed
+                    # at 17 GB for a GPT-2 that needed less, on the H100)
+                    ceiling = min(ceiling, st.fwd_end)
+                free = ceiling - self._allocated(st)
+            if fetched + c.nbytes > free:
+                self.c["prefetch_deferred"] += 1
+                break
+            self._fetch(st, c)
+            fetched += c.nbytes
+            self.c["prefetched"] += 1
+
+    # -- release -----------------------------------------------------------------------
+    def _release(self, h: _Swapped) -> None:
+        host, h.host = h.host, None
+        ev = h.h2d_event if h.h2d_event is not None else h.d2h_event
+        h.gpu = None
+        if self._pool is not None and host is not None:
+            self._pool.free(host, ev)  # safe from any thread, never blocks
