@@ -114,7 +114,9 @@ class HostPool:
     (``on_change``): the C++ net cannot wait for Python to release cached buffers, so
     for as long as that takes (until the next allocation or release of a swapped
     tensor) host memory may exceed the limit by at most the cached bytes; the machine's
-    ``min_available`` floor holds for both at all times.
+    ``min_available`` floor holds for both at all times.  Buffers given back are
+    unpinned and unmapped on a daemon thread (:class:`_Releaser`); until they are gone
+    they count against the limit and the floor.
     """
 
     def __init__(
