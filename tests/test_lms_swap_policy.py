@@ -125,8 +125,19 @@ def test_env_host_limit(m, monkeypatch):
     monkeypatch.setenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB", "lots")
     with pytest.raises(ValueError, match="PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB"):
         m.host_mem_limit_from_env()
+    monkeypatch.setenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB", "-1")
+    with pytest.raises(ValueError, match="must not be negative"):
+        m.host_mem_limit_from_env()
     monkeypatch.delenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB")
     assert m.host_mem_limit_from_env() is None
+
+
+def test_env_swap_threshold(m, monkeypatch):
+    monkeypatch.setenv("PYTORCH_LMS_SWAP_THRESHOLD_IN_KB", "2048")
+    assert m.SwapConfig().size_threshold == 2 * MiB
+    monkeypatch.setenv("PYTORCH_LMS_SWAP_THRESHOLD_IN_KB", "big")
+    with pytest.raises(ValueError, match="PYTORCH_LMS_SWAP_THRESHOLD_IN_KB='big': expected a number of KiB"):
+        m.SwapConfig()
 
 
 # ------------------------------------------------------------------ policy

@@ -75,36 +75,37 @@ def _host_available() -> Optional[int]:
     return _meminfo().get("MemAvailable")
 
 
+def _env_number(name: str, unit: str, example: str) -> Optional[float]:
+    """The number in environment variable ``name`` (a count of ``unit``), None when unset
+    or blank; ValueError naming the variable for anything else."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{name}={raw!r}: expected a number of {unit} (e.g. {example})"
+        ) from None
+
+
 def host_mem_limit_from_env() -> Optional[int]:
     """Bytes given by ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB``, None when unset.
 
     Raises ValueError for a value that is not a non-negative number.
     """
-    raw = os.environ.get(ENV_HOST_LIMIT)
-    if raw is None or raw.strip() == "":
+    mb = _env_number(ENV_HOST_LIMIT, "MiB", "65536")
+    if mb is None:
         return None
-    try:
-        mb = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"{ENV_HOST_LIMIT}={raw!r}: expected a number of MiB (e.g. 65536)"
-        ) from None
     if mb < 0:
-        raise ValueError(f"{ENV_HOST_LIMIT}={raw!r}: must not be negative")
+        raise ValueError(
+            f"{ENV_HOST_LIMIT}={os.environ[ENV_HOST_LIMIT]!r}: must not be negative")
     return int(mb * MiB)
 
 
 def _threshold_from_env() -> Optional[int]:
-    raw = os.environ.get(ENV_THRESHOLD)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        kb = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"{ENV_THRESHOLD}={raw!r}: expected a number of KiB (e.g. 1024)"
-        ) from None
-    return int(kb * KiB)
+    kb = _env_number(ENV_THRESHOLD, "KiB", "1024")
+    return None if kb is None else int(kb * KiB)
 
 
 def _fmt(n: Optional[float]) -> str:
