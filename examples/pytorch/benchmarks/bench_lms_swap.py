@@ -197,7 +197,8 @@ def child(args):
                 "swap.host_full_kept", "host.reserved_bytes", "host.pin_ms",
                 "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
                 "policy.dev0.prefetch_reserve_bytes",
-                "policy.dev0.forward_end_bytes")}
+                "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
+                "policy.dev0.slack_bytes", "host.releasing_bytes")}
 
         def record(kind, t0):
             rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),

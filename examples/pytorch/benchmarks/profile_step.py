@@ -1,8 +1,8 @@
 """Where does a training step lose time? One profiled step of a benchmark model.
 
 Builds a model of bench_lms_swap.py (same code, same data), runs warm-up steps (LMS
-learns its plan there), times a few steps by phase on the CPU side (forward queued,
-backward queued, optimizer, wait for the GPU), then profiles one step with
+learns its plan there), times a few steps by phase on the GPU (CUDA events between
+forward, backward and the optimizer step), then profiles one step with
 torch.profiler and prints:
 
 * the CUDA runtime calls that block the CPU (cudaStreamSynchronize: the caching
@@ -11,7 +11,7 @@ torch.profiler and prints:
 * the idle gaps over 0.3 ms on the compute stream (time the GPU waited for the CPU),
 * the copies on the side streams (LMS swapping out and in).
 
-    python3 examples/pytorch/benchmarks/profile_step.py --model gpt2 --batch 34 --mode lms --out /tmp/p
+    python3 examples/pytorch/benchmarks/profile_step.py --model unet --batch 626 --mode lms --out /tmp/p
 
 Run it on the GPU machine; the gzipped Chrome trace lands in --out.
 """
@@ -51,14 +51,33 @@ def analyse(trace_path: str) -> None:
         streams.setdefault(e["args"].get("stream"), []).append(e)
     compute = max(streams.values(), key=len)
     compute.sort(key=lambda e: e["ts"])
+    # the step's phases, by the record_function ranges main() puts around them
+    phases = sorted((e["ts"], e["ts"] + e["dur"], e["name"][4:]) for e in events
+                    if e["name"] in ("lms_forward", "lms_backward", "lms_optimizer")
+                    and e.get("cat") == "gpu_user_annotation")
+    if not phases:  # older traces: the CPU ranges
+        phases = sorted((e["ts"], e["ts"] + e["dur"], e["name"][4:]) for e in events
+                        if e["name"] in ("lms_forward", "lms_backward", "lms_optimizer"))
+
+    def phase_of(ts):
+        for a, b, name in phases:
+            if a <= ts < b:
+                return name
+        return "-"
+
     gaps = [(a["ts"] + a["dur"], b["ts"] - a["ts"] - a["dur"])
             for a, b in zip(compute, compute[1:]) if b["ts"] - a["ts"] - a["dur"] > 300]
     busy = sum(e["dur"] for e in compute)
     span = compute[-1]["ts"] + compute[-1]["dur"] - compute[0]["ts"]
     print(f"COMPUTE stream busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms; "
           f"{len(gaps)} gaps over 0.3 ms, {sum(g for _, g in gaps) / 1e3:.1f} ms in all")
-    for at, g in gaps:
-        print(f"  gap at {(at - t0) / 1e3:.1f} ms: {g / 1e3:.2f} ms")
+    for a, b, name in phases:
+        inside = [e for e in compute if a <= e["ts"] < b]
+        pg = sum(g for at, g in gaps if a <= at < b)
+        print(f"PHASE {name}: {(b - a) / 1e3:.1f} ms, compute busy "
+              f"{sum(e['dur'] for e in inside) / 1e3:.1f} ms, gaps {pg / 1e3:.1f} ms")
+    for at, g in sorted(gaps, key=lambda x: -x[1])[:25]:
+        print(f"  gap at {(at - t0) / 1e3:.1f} ms ({phase_of(at)}): {g / 1e3:.2f} ms")
     for sid, es in streams.items():
         if es is compute:
             continue
@@ -66,19 +85,31 @@ def analyse(trace_path: str) -> None:
         if copies:
             first = min(e["ts"] for e in copies) - t0
             last = max(e["ts"] + e["dur"] for e in copies) - t0
-            print(f"SIDE stream {sid}: {len(copies)} copies, "
-                  f"{sum(e['dur'] for e in copies) / 1e3:.1f} ms busy, "
+            nbytes = sum(int(e["args"].get("bytes", 0)) for e in copies)
+            dur = sum(e["dur"] for e in copies)
+            print(f"SIDE stream {sid}: {len(copies)} copies, {nbytes / 1e9:.1f} GB, "
+                  f"{dur / 1e3:.1f} ms busy ({nbytes / max(dur, 1) / 1e3:.1f} GB/s), "
                   f"from {first / 1e3:.1f} to {last / 1e3:.1f} ms")
+            for a, b, name in phases:
+                d = sum(min(e["ts"] + e["dur"], b) - max(e["ts"], a) for e in copies
+                        if e["ts"] < b and e["ts"] + e["dur"] > a)
+                print(f"    in {name}: {d / 1e3:.1f} ms copying")
 
 
 def main() -> int:
+    import bench_lms_swap as bench
+
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="gpt2", choices=("gpt2", "resnet50"))
-    ap.add_argument("--batch", type=int, default=34)
+    ap.add_argument("--model", default="unet", choices=bench.zoo.MODELS + ("gpt2",))
+    ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--mode", default="lms", choices=("stock", "lms"))
     ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"),
+                    help="as bench_lms_swap.py (the zoo runs use adamw)")
+    ap.add_argument("--warmup", type=int, default=6)
+    ap.add_argument("--timed", type=int, default=4,
+                    help="steps timed by phase on the GPU (events) before the profiled one")
     ap.add_argument("--image-size", type=int, default=448)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--loss-chunk", type=int, default=512)
@@ -86,9 +117,8 @@ def main() -> int:
     a = ap.parse_args()
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    import bench_lms_swap as bench
     from lms_swap_loader import load_lms_swap
 
     lms = None
@@ -99,37 +129,52 @@ def main() -> int:
             lms.configure(**kw)
     shapes = types.SimpleNamespace(image_size=a.image_size, seq_len=a.seq_len,
                                    loss_chunk=a.loss_chunk)
-    _model, loss_fn, _units, _unit = bench.build(a.model, a.batch, shapes)
-    params = [p for p in _model.parameters()]
-    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    model, loss_fn, _units, _unit = bench.build(a.model, a.batch, shapes)
+    opt = bench.make_optimizer(model, a.optimizer)
 
     def ctx():
         return lms.swapping() if lms else contextlib.nullcontext()
 
-    def step(phases=None):
+    def step(phases=False):
+        """bench_lms_swap.py's step; with ``phases``, CUDA events on the compute stream
+        split its GPU time into forward, backward and optimizer (no added sync)."""
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if phases else None
         t0 = time.perf_counter()
+        if ev:
+            ev[0].record()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            with ctx():
-                loss = loss_fn()
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        t3 = time.perf_counter()
+        with record_function("lms_forward"):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                with ctx():
+                    loss = loss_fn()
+        if ev:
+            ev[1].record()
+        with record_function("lms_backward"):
+            loss.backward()
+        if ev:
+            ev[2].record()
+        with record_function("lms_optimizer"):
+            opt.step()
+        if ev:
+            ev[3].record()
         torch.cuda.synchronize()
-        t4 = time.perf_counter()
-        if phases is not None:
-            print(f"PHASES cpu forward {t1 - t0:.4f} s, backward {t2 - t1:.4f} s, "
-                  f"optimizer {t3 - t2:.4f} s, wait for GPU {t4 - t3:.4f} s, "
-                  f"step {t4 - t0:.4f} s", flush=True)
+        t1 = time.perf_counter()
+        if ev:
+            f, b, o = (ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(3))
+            print(f"PHASES gpu forward {f:.3f} s, backward {b:.3f} s, optimizer {o:.3f} s; "
+                  f"step {t1 - t0:.3f} s; peak {torch.cuda.max_memory_allocated() / 2**30:.1f}"
+                  f" GiB", flush=True)
 
     for i in range(a.warmup):
         t0 = time.perf_counter()
         step()
-        print(f"WARMUP {i} {time.perf_counter() - t0:.4f} s", flush=True)
-    for _ in range(3):
+        print(f"WARMUP {i} {time.perf_counter() - t0:.3f} s", flush=True)
+    for _ in range(a.timed):
+        torch.cuda.reset_peak_memory_stats()
         step(phases=True)
+    if lms:
+        print("POLICY", json.dumps({k: v for k, v in lms.stats().items()
+                                    if k.startswith(("policy.", "host."))}))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
     os.makedirs(a.out, exist_ok=True)

@@ -73,7 +73,7 @@ class _DevState:
         "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
         "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
-        "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked",
+        "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -111,6 +111,7 @@ class _DevState:
         self.cap: Optional[int] = None  # what the caching allocator can have at most
         self.fwd_base = 0       # the allocation where the net's running peak was marked
         self.fwd_marked = False  # ... at this forward's start
+        self.bwd_peak: Optional[int] = None  # the last backward's peak the margin learned from
 
 
 class ActivationSwapper:
@@ -252,6 +253,7 @@ class ActivationSwapper:
                 out[f"policy.{tag}.prefetch_reserve_bytes"] = (
                     self._prefetch_reserve(st) if st.largest else None)
                 out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
+                out[f"policy.{tag}.backward_peak_bytes"] = st.bwd_peak
             if self._pool is not None:
                 out.update(self._pool.stats())
             g = loaded_guard() if self.config.guard else None
@@ -411,6 +413,7 @@ class ActivationSwapper:
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None):
                 peak, exact = self._backward_peak(st)
+                st.bwd_peak = peak + bwd_evicted
                 before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
                 old_k = st.k
                 st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
