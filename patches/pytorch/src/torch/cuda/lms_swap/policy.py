@@ -25,7 +25,7 @@ class SwapConfig:
         "min_margin": 512 * MiB,
         "min_margin_factor": None,
         "first_margin_fraction": None,
-        "prefetch_reserve_factor": 3.0,
+        "prefetch_reserve_factor": 1.5,
         "prefetch_depth": 48,
         "max_inflight_bytes": 1 * GiB,
         "query_every": 8,
