@@ -273,6 +273,27 @@ def mem_available():
     return None
 
 
+_RUNNING = set()  # process groups of the children now running
+
+
+def _end_children(signum, _frame):
+    """The parent was told to stop (a timeout around it, Ctrl-C): end the running
+    child too.  Each child has its own session, so the signal does not reach it, and
+    a child left behind keeps its GPU memory: on the H100 one ran on after its parent
+    was killed and the next configuration died of CUDA OOM with 0.8 GiB of its own."""
+    for pgid in list(_RUNNING):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(128 + signum)
+
+
+def install_stop_handlers():
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _end_children)
+
+
 def run_child(argv, timeout, guard_bytes, log):
     t0 = time.perf_counter()
     env = dict(os.environ)
@@ -281,6 +302,17 @@ def run_child(argv, timeout, guard_bytes, log):
     p = subprocess.Popen([sys.executable, __file__, "--child"] + argv,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True, env=env)
+    _RUNNING.add(p.pid)
+    try:
+        return _watch_child(p, t0, timeout, guard_bytes, log)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        _RUNNING.discard(p.pid)
+
+
+def _watch_child(p, t0, timeout, guard_bytes, log):
     min_avail = mem_available()
     killed = None
     out_lines = []
@@ -434,6 +466,7 @@ def main():
 
     global ALLOC_CONF
     ALLOC_CONF = args.alloc_conf
+    install_stop_handlers()
     t_begin = time.perf_counter()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
