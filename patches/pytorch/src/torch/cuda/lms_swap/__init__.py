@@ -160,7 +160,8 @@ from .host_pool import HostPool  # noqa: F401
 from .policy import (SwapConfig, _dense_span, damped, growth_to_end, in_tail,  # noqa: F401
                      learn_margin, next_margin_factor, next_plan, next_reserve_factor,
                      next_slack, predict_forward_end, should_swap, swap_trigger)
-from .swapper import ActivationSwapper, _DevState  # noqa: F401
+from .state import _DevState  # noqa: F401
+from .swapper import ActivationSwapper
 
 __all__ = [
     "LMSHostMemoryError",

@@ -1,0 +1,257 @@
+"""The step-to-step forecast of the swapper: the device limit it aims under, the room
+backward needs (the margin), the bytes to swap from forward's start (the plan) and the
+headroom prefetching leaves, learned at each phase boundary from what the step before did.
+
+A mixin of :class:`~.swapper.ActivationSwapper`: it reads the swapper's ``config``,
+counters (``c``), host pool, eviction net (``_guard``) and per-device state
+(:class:`~.state._DevState`); the arithmetic itself is in :mod:`.policy`."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .environment import MiB, _allocator_lms
+from .policy import (damped, growth_to_end, next_margin_factor, next_plan,
+                     next_reserve_factor, next_slack, swap_trigger)
+from .state import _DevState
+
+
+class _StepForecast:
+    """Limits, margin, plan and prefetch headroom, learned between steps."""
+
+    # -- limits ------------------------------------------------------------------------
+    def _device_limit(self, st: _DevState) -> int:
+        if st.limit is None:
+            cfg = self.config
+            if cfg.device_limit is not None:
+                st.limit = int(cfg.device_limit)
+            elif st.index is None:
+                st.limit = 1 << 62
+            else:
+                lim = cap = 0
+                lms = _allocator_lms()
+                get = getattr(lms, "get_limit_lms", None) if lms else None
+                if get is None:
+                    get = getattr(torch.cuda, "get_limit_lms", None)
+                if get is not None:
+                    try:
+                        lim = int(get())
+                    except Exception:
+                        lim = 0
+                total = torch.cuda.get_device_properties(st.index).total_memory
+                if lim <= 0 or lim > total:
+                    if cfg.device_limit_fraction is not None:
+                        lim = int(total * float(cfg.device_limit_fraction))
+                    elif self._guard() is not None:
+                        # what the caching allocator can have, less 1% that its cache
+                        # loses to fragmentation: aiming at 98% of the card swapped at
+                        # batches stock PyTorch trains (its largest run at 96-99% of an
+                        # H100); aiming at all of it, ViT-L at such a batch failed an
+                        # allocation in a fragmented cache in backward, which the net
+                        # caught (a second per step).  Too high costs an eviction by
+                        # the net, not the job.
+                        free, _ = torch.cuda.mem_get_info(st.index)
+                        cap = min(total, int(free) + torch.cuda.memory_reserved(st.index))
+                        lim = cap - cap // 100
+                    else:
+                        lim = int(total * 0.98)
+                st.limit = lim
+                st.cap = max(cap, lim)
+        return st.limit
+
+    def _device_cap(self, st: _DevState) -> int:
+        """What the caching allocator can have at most: free plus reserved memory when
+        the net sets the limit, else the limit itself."""
+        lim = self._device_limit(st)
+        return st.cap if st.cap is not None else lim
+
+    def _margin(self, st: _DevState) -> int:
+        """Room kept for backward's own allocations: a fixed ``margin``, else the learned
+        factor (``margin_factor`` until a step was seen) times the largest saved tensor
+        (backward's gradients scale with it)."""
+        cfg = self.config
+        if cfg.margin is not None:
+            st.margin = int(cfg.margin)
+        elif st.k is not None:
+            st.margin = max(int(cfg.min_margin), int(st.k * st.largest)) + st.slack
+        elif cfg.first_margin_fraction is None and self._net_idle(st):
+            # first step, with the net, until the net first has to move something: no
+            # forecast (a step that fits swaps nothing and pins no host memory)
+            st.margin = int(cfg.min_margin)
+        else:
+            # first step without the net, or after the net showed the step does not fit
+            # (its copies are synchronous, into pageable memory: on an H100 the first
+            # step of a Llama at 2x took 72 s with the net moving 60 GB, 42 s with this
+            # rule, the net moving 33 GB): nothing
+            # learned, and the largest tensors may come last (a language model's loss):
+            # keep a share of the limit as well
+            frac = 0.35 if cfg.first_margin_fraction is None else cfg.first_margin_fraction
+            st.margin = max(int(cfg.min_margin), int(cfg.margin_factor * st.largest),
+                            int(float(frac) * self._device_limit(st)))
+        return st.margin
+
+    def _prefetch_reserve(self, st: _DevState) -> int:
+        """Device memory prefetching leaves free for backward's own allocations: the
+        margin, and at least ``prefetch_reserve_factor`` times the largest saved tensor
+        (raised by a quarter after a step whose backward went over the limit).  Not
+        learned down: backward's biggest allocations (ResNet-50's first layers allocate
+        twice their largest activation in fp32) come at moments the prefetch level does
+        not predict."""
+        return max(self._margin(st), int(self._reserve_factor(st) * st.largest) + 256 * MiB)
+
+    def _reserve_factor(self, st: _DevState) -> float:
+        return max(float(self.config.prefetch_reserve_factor), st.reserve_k)
+
+    # -- phases ----------------------------------------------------------------------
+    def _begin_forward(self) -> None:
+        """First pack after a backward: learn the margin, start a new order."""
+        self._phase = "fwd"
+        self._dedupe.clear()
+        self._prefetch_pending = False
+        if self._pool is not None:
+            self._pool.end_step()
+        for st in self._dev.values():
+            # what the net moved in backward is memory backward needed beyond its peak.
+            # (Not only the failed requests' sizes, which are smaller: at a batch stock
+            # PyTorch trains, 99% of an H100, ViT-L's backward failed for want of one
+            # piece in a fragmented cache, and a margin raised by the requests alone let
+            # it fail in 9 of the next 10 steps, each costing a second.)
+            bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
+            guard = self._guard()
+            if guard is not None and st.index is not None:
+                released = guard.released(st.index)
+                moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
+                st.slack = next_slack(st.slack, released > st.released_seen, moved,
+                                      self._device_limit(st))
+                st.released_seen = released
+            if (st.index is not None and st.fwd_end is not None and st.largest
+                    and self.config.adaptive_margin and self.config.margin is None):
+                peak, exact = self._backward_peak(st)
+                st.bwd_peak = peak + bwd_evicted
+                before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
+                old_k = st.k
+                st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
+                                          before, peak + bwd_evicted,
+                                          int(self.config.min_margin),
+                                          self._min_margin_factor())
+                st.k = damped(st.k, old_k)
+                # over the limit is harm only where the net had to move memory (the
+                # allocator's own retries are the slack's business); without the net,
+                # from a step that set a new peak
+                if (bwd_evicted > 0) if exact else (peak > (st.peak_before or 0)):
+                    st.reserve_k = next_reserve_factor(self._reserve_factor(st), peak,
+                                                       self._device_limit(st))
+                self.c["margin_updates"] += 1
+            if guard is not None and st.index is not None and self.config.policy == "auto":
+                # forward's own peak, read at backward's start (_forward_peak_over)
+                st.fwd_base = self._allocated(st)
+                guard.mark_peak(st.index)
+                st.fwd_marked = True
+            st.fwd_end = None
+            st.since_query = 1 << 30
+            st.est = 0
+            alive = [r for r in st.order if r() is not None]
+            for i, r in enumerate(alive):
+                h = r()
+                if h is not None:
+                    h.index = i
+            st.order = alive
+            st.swapped_in_fwd = 0
+            st.planned = 0
+            st.reactive = 0
+            st.fwd_evicted = 0
+            st.saved = 0
+            st.rec_off, st.rec_unswapped = [], []
+
+    def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
+        """The device allocation at its highest since backward began, and whether that
+        is this backward's own peak.  With the net, exact: the level at backward's start
+        plus the net's running peak since then.  Without it, the program's
+        ``max_memory_allocated``, which lms_swap must not reset: an older step's peak
+        when this one set none, so only an upper bound (a first step at twice the
+        memory held a UNet's margin at 28.5 GB for good)."""
+        guard = self._guard()
+        if guard is not None and st.peak_marked:
+            st.peak_marked = False
+            return int(st.fwd_end) + int(guard.peak_growth(st.index)), True
+        return torch.cuda.max_memory_allocated(st.index), False
+
+    def _forward_peak_over(self, st: _DevState) -> Optional[int]:
+        """How far this forward's peak went over what the allocator can have (negative:
+        under it), by the net's running peak since forward's start; None without the
+        net, or when forward's start was not marked."""
+        guard = self._guard()
+        if guard is None or not st.fwd_marked:
+            return None
+        st.fwd_marked = False
+        peak = st.fwd_base + int(guard.peak_growth(st.index))
+        return peak - self._device_cap(st)
+
+    def _net_evicted(self, st: _DevState, counter: str) -> int:
+        """Bytes the eviction net moved since the last phase began (counted under
+        ``counter``)."""
+        guard = self._guard()
+        now = guard.evicted_bytes() if guard is not None else 0
+        moved, st.guard_seen = now - st.guard_seen, now
+        if moved > 0:
+            self.c[counter] += moved
+        return moved
+
+    def _net_moved(self, st: _DevState) -> int:
+        """Bytes the eviction net has moved so far in this phase (0 without the net)."""
+        guard = self._guard()
+        return guard.evicted_bytes() - st.guard_seen if guard is not None else 0
+
+    def _net_idle(self, st: _DevState) -> bool:
+        """Whether the eviction net is there and has moved nothing in this phase."""
+        return self._guard() is not None and self._net_moved(st) == 0
+
+    def _min_margin_factor(self) -> float:
+        f = self.config.min_margin_factor
+        if f is None:
+            f = 0.0 if self._guard() is not None else 1.0
+        return float(f)
+
+    def _begin_backward(self) -> None:
+        self._phase = "bwd"
+        self._pass_id += 1
+        self._dedupe.clear()
+        self._kept_unpacks = 0
+        self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
+        for st in self._dev.values():
+            # the net's evictions in forward were swaps the forecast should have planned
+            fwd_evicted = st.fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
+            st.cursor = len(st.order)
+            st.prev_saved = st.saved
+            if st.index is not None and self.config.policy == "auto":
+                st.fwd_end = self._allocated(st)
+                peak_over = self._forward_peak_over(st)
+                guard = self._guard()
+                if guard is not None:
+                    guard.mark_peak(st.index)
+                    st.peak_marked = True
+                else:
+                    # without the net: the program's peak so far, which the next
+                    # forward compares backward's against (_backward_peak)
+                    st.peak_before = torch.cuda.max_memory_allocated(st.index)
+                st.prev_off = st.rec_off
+                # the net's evictions count as swapped: left out, an end they lowered
+                # predicts the next forward under the trigger, it keeps what it should
+                # swap, and the net evicts again at the same place every step (on an
+                # H100 a Llama at 1.5x: 8 GB a step, synchronously, 7-8.6 s a step)
+                st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped, st.fwd_end,
+                                               st.planned + st.reactive + fwd_evicted)
+                st.rec_off, st.rec_unswapped = [], []
+                if self.config.plan:
+                    trig = swap_trigger(self._device_limit(st), self._margin(st))
+                    swapped = st.planned + st.reactive + fwd_evicted
+                    if swapped == 0 and st.fwd_end <= trig:
+                        plan = 0
+                    else:
+                        plan = next_plan(swapped, st.fwd_end, trig,
+                                         max(256 * MiB, self._device_limit(st) // 128),
+                                         peak_over)
+                    st.plan = int(damped(plan, st.plan or None))
+            self._drain(st, wait=False)

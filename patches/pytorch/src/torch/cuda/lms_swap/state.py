@@ -1,0 +1,104 @@
+"""What the swapper keeps per swapped tensor (the handle autograd holds) and per device
+(what the current step has seen and what earlier steps taught)."""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from typing import Any, List, Optional
+
+import torch
+
+
+class _Swapped:
+    """What autograd holds for a swapped tensor (the packed object)."""
+
+    __slots__ = (
+        "owner", "nbytes", "size", "stride", "dtype", "device", "host",
+        "d2h_event", "gpu", "gpu_stream", "h2d_event", "refs", "unpacks", "index",
+        "orig", "version", "pass_id", "slot", "__weakref__",
+    )
+
+    @classmethod
+    def of(cls, owner: Any, t: torch.Tensor, nbytes: int, host: Optional[torch.Tensor] = None,
+           slot: Any = None) -> "_Swapped":
+        """The handle of ``t``: swapped to ``host``, or kept on the device in ``slot``."""
+        h = cls()
+        h.owner = owner  # from here on, dropping h returns the host buffer
+        h.host, h.slot = host, slot
+        h.nbytes = nbytes
+        h.size, h.stride, h.dtype, h.device = t.size(), t.stride(), t.dtype, t.device
+        h.d2h_event = h.gpu = h.gpu_stream = h.h2d_event = None
+        h.refs, h.unpacks, h.pass_id, h.index = 1, 0, -1, None
+        h.version = t._version
+        h.orig = weakref.ref(t)
+        return h
+
+    def __del__(self) -> None:
+        owner = self.owner
+        if owner is not None and (self.host is not None or self.gpu is not None):
+            try:
+                owner._release(self)
+            except Exception:
+                pass
+
+
+def _check_version(h: "_Swapped") -> None:
+    """Stock autograd's check that a saved tensor was not changed in place since it
+    was saved (autograd cannot see it through a handle)."""
+    orig = h.orig()
+    if orig is not None and orig._version != h.version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified "
+            f"by an inplace operation: [{h.dtype} {list(h.size)}] is at version "
+            f"{orig._version}; expected version {h.version} instead (the tensor was "
+            "saved through LMS activation swapping)."
+        )
+
+
+class _DevState:
+    __slots__ = (
+        "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
+        "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
+        "swapped_in_fwd", "limit", "plan", "planned", "reactive", "cursor", "k",
+        "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
+        "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
+        "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
+    )
+
+    def __init__(self, index: Optional[int]) -> None:
+        self.index = index
+        self.d2h = None
+        self.h2d = None
+        self.est = 0
+        self.since_query = 1 << 30
+        self.order: List[weakref.ref] = []
+        self.inflight: collections.deque = collections.deque()
+        self.inflight_bytes = 0
+        self.margin: Optional[int] = None
+        self.fwd_end: Optional[int] = None
+        self.peak_before: Optional[int] = None
+        self.largest = 0
+        self.swapped_in_fwd = 0
+        self.limit: Optional[int] = None
+        self.k: Optional[float] = None  # learned margin / largest saved tensor
+        self.reserve_k = 0.0  # prefetch headroom / largest saved tensor (raised on overrun)
+        self.saved = 0       # bytes of eligible tensors saved so far in this forward
+        self.prev_saved: Optional[int] = None  # ... in the whole previous forward
+        self.rec_off: List[int] = []        # where this forward read the allocation
+        self.rec_unswapped: List[int] = []  # ... and allocation + bytes swapped there
+        self.prev_off: List[int] = []       # the previous forward's reading points
+        self.prev_growth: List[int] = []    # ... and its growth_to_end there
+        self.cursor = 0      # lowest pack position consumed in this backward
+        self.plan = 0        # bytes to swap from the start of forward (learned)
+        self.planned = 0     # bytes swapped by the plan in this forward
+        self.reactive = 0    # bytes swapped under pressure in this forward
+        self.guard_seen = 0  # the eviction net's evicted bytes when this phase began
+        self.peak_marked = False  # the net's running peak was marked at backward's start
+        self.slack = 0       # kept free on top of the learned margin (next_slack)
+        self.released_seen = 0  # the allocator's released segments when the step began
+        self.fwd_evicted = 0    # the net's evictions in this step's forward
+        self.cap: Optional[int] = None  # what the caching allocator can have at most
+        self.fwd_base = 0       # the allocation where the net's running peak was marked
+        self.fwd_marked = False  # ... at this forward's start
+        self.bwd_peak: Optional[int] = None  # the last backward's peak the margin learned from
