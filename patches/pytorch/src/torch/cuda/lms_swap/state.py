@@ -57,6 +57,10 @@ def _check_version(h: "_Swapped") -> None:
 
 
 class _DevState:
+    """One device's state: its copy streams and in-flight copies, the swap order of the
+    current step, what this forward has done so far, and what earlier steps taught
+    (limit, margin, plan, prefetch headroom)."""
+
     __slots__ = (
         "index", "d2h", "h2d", "est", "since_query", "order", "inflight",
         "inflight_bytes", "margin", "fwd_end", "peak_before", "largest",
