@@ -51,13 +51,33 @@ def analyse(trace_path: str) -> None:
         streams.setdefault(e["args"].get("stream"), []).append(e)
     compute = max(streams.values(), key=len)
     compute.sort(key=lambda e: e["ts"])
-    # the step's phases, by the record_function ranges main() puts around them
-    phases = sorted((e["ts"], e["ts"] + e["dur"], e["name"][4:]) for e in events
+    # The step's phases: main() wraps forward, backward and the optimizer step in
+    # record_function ranges on the CPU.  A kernel or copy belongs to the phase in whose
+    # CPU range it was launched (its runtime call, found by correlation id: backward's
+    # launches come from autograd's thread, inside the main thread's backward range).
+    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"][4:]) for e in events
                     if e["name"] in ("lms_forward", "lms_backward", "lms_optimizer")
-                    and e.get("cat") == "gpu_user_annotation")
-    if not phases:  # older traces: the CPU ranges
-        phases = sorted((e["ts"], e["ts"] + e["dur"], e["name"][4:]) for e in events
-                        if e["name"] in ("lms_forward", "lms_backward", "lms_optimizer"))
+                    and e.get("cat") == "user_annotation")
+    launched = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+
+    def cpu_phase(ts):
+        for a, b, name in ranges:
+            if a <= ts < b:
+                return name
+        return "-"
+
+    def phase(e):
+        ts = launched.get(e["args"].get("correlation"))
+        return cpu_phase(ts) if ts is not None else "-"
+
+    # each phase's span on the GPU: first start to last end of what it launched
+    phases = []
+    for name in ("forward", "backward", "optimizer"):
+        mine = [e for e in gpu if phase(e) == name]
+        if mine:
+            phases.append((min(e["ts"] for e in mine),
+                           max(e["ts"] + e["dur"] for e in mine), name))
 
     def phase_of(ts):
         for a, b, name in phases:
@@ -72,10 +92,11 @@ def analyse(trace_path: str) -> None:
     print(f"COMPUTE stream busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms; "
           f"{len(gaps)} gaps over 0.3 ms, {sum(g for _, g in gaps) / 1e3:.1f} ms in all")
     for a, b, name in phases:
-        inside = [e for e in compute if a <= e["ts"] < b]
+        inside = [e for e in compute if phase(e) == name]
         pg = sum(g for at, g in gaps if a <= at < b)
-        print(f"PHASE {name}: {(b - a) / 1e3:.1f} ms, compute busy "
-              f"{sum(e['dur'] for e in inside) / 1e3:.1f} ms, gaps {pg / 1e3:.1f} ms")
+        print(f"PHASE {name} on the GPU: {(b - a) / 1e3:.1f} ms (from {(a - t0) / 1e3:.1f} ms), "
+              f"compute busy {sum(e['dur'] for e in inside) / 1e3:.1f} ms, "
+              f"compute gaps {pg / 1e3:.1f} ms")
     for at, g in sorted(gaps, key=lambda x: -x[1])[:25]:
         print(f"  gap at {(at - t0) / 1e3:.1f} ms ({phase_of(at)}): {g / 1e3:.2f} ms")
     for sid, es in streams.items():
@@ -90,10 +111,12 @@ def analyse(trace_path: str) -> None:
             print(f"SIDE stream {sid}: {len(copies)} copies, {nbytes / 1e9:.1f} GB, "
                   f"{dur / 1e3:.1f} ms busy ({nbytes / max(dur, 1) / 1e3:.1f} GB/s), "
                   f"from {first / 1e3:.1f} to {last / 1e3:.1f} ms")
-            for a, b, name in phases:
-                d = sum(min(e["ts"] + e["dur"], b) - max(e["ts"], a) for e in copies
-                        if e["ts"] < b and e["ts"] + e["dur"] > a)
-                print(f"    in {name}: {d / 1e3:.1f} ms copying")
+            for name in ("forward", "backward", "optimizer"):
+                mine = [e for e in copies if phase(e) == name]
+                if mine:
+                    print(f"    launched in {name}: {len(mine)} copies, "
+                          f"{sum(int(e['args'].get('bytes', 0)) for e in mine) / 1e9:.1f} GB, "
+                          f"{sum(e['dur'] for e in mine) / 1e3:.1f} ms")
 
 
 def main() -> int:
