@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import mmap
 import os
 import queue
@@ -175,8 +176,7 @@ class HostPool:
             raise ValueError("HostPool.alloc: nbytes must be > 0")
         with self._lock:
             self._flush()
-            self._busy = True
-            try:
+            with self._deferring_frees():
                 buf = self._take_free(nbytes)
                 if buf is not None:
                     self.hits += 1
@@ -184,8 +184,6 @@ class HostPool:
                     self._make_room(nbytes)
                     buf = self._create(nbytes)
                     self.misses += 1
-            finally:
-                self._busy = False
             self.in_use += nbytes
             self.peak_in_use = max(self.peak_in_use, self.in_use)
             self._changed()
@@ -204,6 +202,17 @@ class HostPool:
                     self._flush()
             finally:
                 self._lock.release()
+
+    @contextlib.contextmanager
+    def _deferring_frees(self):
+        """While the free lists change (the lock held): a buffer returned meanwhile,
+        by a ``__del__`` the garbage collector runs on this thread, waits in
+        ``_pending`` for the next flush instead of entering the lists mid-change."""
+        busy, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = busy
 
     def _flush(self) -> None:
         if not self._pending:
@@ -228,12 +237,9 @@ class HostPool:
             return 0
         released = 0
         extra = self._extra_fn()
-        busy, self._busy = self._busy, True
-        try:
+        with self._deferring_frees():
             while self._free_order and self.reserved + extra > self.limit:
                 released += self._evict_key(next(iter(self._free_order)))
-        finally:
-            self._busy = busy
         return released
 
     def empty_cache(self, wait: bool = True) -> int:
@@ -242,12 +248,9 @@ class HostPool:
         released = 0
         with self._lock:
             self._flush()
-            self._busy = True
-            try:
+            with self._deferring_frees():
                 for key in list(self._free_order):
                     released += self._evict_key(key)
-            finally:
-                self._busy = False
         if wait:
             _releaser.wait()
         return released
@@ -266,15 +269,12 @@ class HostPool:
             self._flush()
             self._step += 1
             oldest = self._step - self.keep_steps  # buffers back before that step go
-            self._busy = True
-            try:
+            with self._deferring_frees():
                 while self._free_order:
                     key = next(iter(self._free_order))
                     if self._freed_in[key] >= oldest:
                         break
                     released += self._evict_key(key)
-            finally:
-                self._busy = False
             released += self._trim_to_limit()
         return released
 
