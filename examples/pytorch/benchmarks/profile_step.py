@@ -159,31 +159,28 @@ def main() -> int:
         return lms.swapping() if lms else contextlib.nullcontext()
 
     def step(phases=False):
-        """bench_lms_swap.py's step; with ``phases``, CUDA events on the compute stream
-        split its GPU time into forward, backward and optimizer (no added sync)."""
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if phases else None
+        """bench_lms_swap.py's step, each phase in a record_function range (the trace's
+        phases); with ``phases``, CUDA events on the compute stream split its GPU time
+        into forward, backward and optimizer (no added sync)."""
+        marks = []
+
+        @contextlib.contextmanager
+        def phase(name):
+            with record_function("lms_" + name):
+                if phases:
+                    marks.append(torch.cuda.Event(enable_timing=True))
+                    marks[-1].record()
+                yield
+
         t0 = time.perf_counter()
-        if ev:
-            ev[0].record()
-        opt.zero_grad(set_to_none=True)
-        with record_function("lms_forward"):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                with ctx():
-                    loss = loss_fn()
-        if ev:
-            ev[1].record()
-        with record_function("lms_backward"):
-            loss.backward()
-        if ev:
-            ev[2].record()
-        with record_function("lms_optimizer"):
-            opt.step()
-        if ev:
-            ev[3].record()
+        bench.train_step(loss_fn, opt, ctx, phase)
+        if phases:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
         torch.cuda.synchronize()
         t1 = time.perf_counter()
-        if ev:
-            f, b, o = (ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(3))
+        if phases:
+            f, b, o = (marks[i].elapsed_time(marks[i + 1]) / 1e3 for i in range(3))
             print(f"PHASES gpu forward {f:.3f} s, backward {b:.3f} s, optimizer {o:.3f} s; "
                   f"step {t1 - t0:.3f} s; peak {torch.cuda.max_memory_allocated() / 2**30:.1f}"
                   f" GiB", flush=True)
