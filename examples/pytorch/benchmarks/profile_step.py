@@ -61,15 +61,15 @@ def analyse(trace_path: str) -> None:
     launched = {e["args"]["correlation"]: e["ts"] for e in events
                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
 
-    def cpu_phase(ts):
-        for a, b, name in ranges:
+    def within(spans, ts):
+        for a, b, name in spans:
             if a <= ts < b:
                 return name
         return "-"
 
     def phase(e):
         ts = launched.get(e["args"].get("correlation"))
-        return cpu_phase(ts) if ts is not None else "-"
+        return within(ranges, ts) if ts is not None else "-"
 
     # each phase's span on the GPU: first start to last end of what it launched
     phases = []
@@ -78,12 +78,6 @@ def analyse(trace_path: str) -> None:
         if mine:
             phases.append((min(e["ts"] for e in mine),
                            max(e["ts"] + e["dur"] for e in mine), name))
-
-    def phase_of(ts):
-        for a, b, name in phases:
-            if a <= ts < b:
-                return name
-        return "-"
 
     gaps = [(a["ts"] + a["dur"], b["ts"] - a["ts"] - a["dur"])
             for a, b in zip(compute, compute[1:]) if b["ts"] - a["ts"] - a["dur"] > 300]
@@ -98,7 +92,7 @@ def analyse(trace_path: str) -> None:
               f"compute busy {sum(e['dur'] for e in inside) / 1e3:.1f} ms, "
               f"compute gaps {pg / 1e3:.1f} ms")
     for at, g in sorted(gaps, key=lambda x: -x[1])[:25]:
-        print(f"  gap at {(at - t0) / 1e3:.1f} ms ({phase_of(at)}): {g / 1e3:.2f} ms")
+        print(f"  gap at {(at - t0) / 1e3:.1f} ms ({within(phases, at)}): {g / 1e3:.2f} ms")
     for sid, es in streams.items():
         if es is compute:
             continue
