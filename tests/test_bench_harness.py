@@ -74,3 +74,59 @@ def test_stopping_the_parent_ends_the_running_child(tmp_path, sig):
         os.kill(child_pid, signal.SIGKILL)
     assert not alive, "the child outlived its parent"
 
+
+
+def _import(name):
+    sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+    try:
+        return __import__(name)
+    finally:
+        del sys.path[:2]
+
+
+def test_a_job_s_grandchildren_and_garbled_records(tmp_path):
+    """A torchrun job's workers are the child's children: they end with it.  Its ranks'
+    RESULT lines are all kept; a garbled one is skipped, not fatal to the parent."""
+    children = _import("children")
+    pidfile = tmp_path / "grandchild.pid"
+    script = (f"sleep 120 & echo $! > {pidfile}; "
+              "echo 'RESULT {\"rank\": 0}'; echo 'RESULT {garbled'; echo 'RESULT {\"rank\": 1}'")
+    log = open(tmp_path / "log.txt", "w", buffering=1)
+    r = children.run_process(["bash", "-c", script], 60, 0, log)
+    assert r["results"] == [{"rank": 0}, {"rank": 1}] and r["rank"] == 1
+    assert "RESULT {garbled" in (tmp_path / "log.txt").read_text()
+    deadline = time.time() + 10
+    while _alive(int(pidfile.read_text())) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_distributed_plan_and_table(tmp_path):
+    import argparse
+    bd = _import("bench_distributed")
+    GiB = 1 << 30
+    two = bd.plan(argparse.Namespace(scales=[1.5], engines=["ddp", "fsdp"]), 2)
+    assert two[:3] == [("ddp", 2, 1.0, False), ("ddp", 2, 1.5, True), ("fsdp", 2, 1.5, True)]
+    assert ("ddp", 1, 1.5, True) in two and two[-1] == ("ddp", 2, 1.5, False)
+    one = bd.plan(argparse.Namespace(scales=[1.5], engines=["ddp"]), 1)
+    assert len(one) == len(set(one)) == 4          # no job twice on one GPU
+
+    stock = {("ddp", 2): {"step_s": 1.0, "batch": 100}}
+    rank = {"batch": 150, "lms": True, "step_s": 2.0, "units_per_s": 75.0, "unit": "img/s",
+            "out_bytes_per_step": 54e9, "in_bytes_per_step": 53e9, "peak_host_rss": 60 * GiB}
+    row = {"engine": "ddp", "nproc": 2, "scale": 1.5, "batch": 150, "lms": True, "status": "ok",
+           "host_total": 256 * GiB, "min_mem_available": 130 * GiB,
+           "results": [dict(rank, rank=1, step_s=2.5), dict(rank, rank=0)]}
+    bd.summarize(row, stock, {})
+    assert row["step_s"] == 2.5 and row["units_per_s"] == 150.0   # slowest rank; all ranks
+    assert [d["rank"] for d in row["per_rank"]] == [0, 1]
+    assert [d["pct_of_bound"] for d in row["per_rank"]] == [100.0, 80.0]  # 2 s of PCIe
+    assert row["node_peak_host_rss"] == 120 * GiB and row["node_host_used_peak"] == 126 * GiB
+    oom = {"engine": "ddp", "nproc": 2, "scale": 1.5, "batch": 150, "lms": False,
+           "status": "CUDA OOM", "error": "CUDA out of memory.", "results": []}
+    meta = {"command": "c", "model": "resnet50", "base_batch": 100, "base_batch_from": "given",
+            "max_gpu_gib": None, "node_budget": 200 * GiB, "host_total": 256 * GiB}
+    bd.write(tmp_path, meta, [row, oom])
+    md = (tmp_path / "results.md").read_text()
+    assert "| ddp | 2 | 1.5x | 150 | lms | ok |" in md and "**CUDA OOM**: CUDA out of memory." in md
+    assert all(line.count("|") == 17 for line in md.splitlines() if line.startswith("| ddp"))

@@ -24,8 +24,10 @@ Each rank trains a model of benchmarks/zoo.py (unmodified library code) on its o
   finished, so neither waits for the other's memory. (Bitwise equality with and without
   swapping under DDP is tested on CPU with gloo: tests/test_lms_swap_ddp.py.)
 
-Prints one JSON line per rank at the end: throughput, step time, peak device and host memory,
-bytes swapped per step.
+Prints one JSON line per rank at the end (``RESULT {...}``): throughput, step time, peak device
+and host memory, bytes swapped per step. ``--search LO HI`` (one process) finds stock's
+largest per-rank batch; ``--max-gpu-gib`` caps each rank's device memory.
+benchmarks/bench_distributed.py runs the whole comparison.
 """
 from __future__ import annotations
 
@@ -87,21 +89,95 @@ def pci_bus_id(device: int) -> Optional[str]:
         return None
 
 
+def cap_device_memory(device: int, gib: float) -> None:
+    """Lets the caching allocator use at most ``gib`` GiB of the device (lms_swap aims
+    under the same cap)."""
+    import torch
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * (1 << 30) / total), device)
+
+
+def wrap(model, engine: str, local_rank: int):
+    import torch
+    if engine == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.4-2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    for child in list(model.children()):
+        if any(True for _ in child.parameters()):
+            fully_shard(child)
+    fully_shard(model)
+    return model
+
+
+def train_step(model, loss_fn, opt, ctx):
+    import torch
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16), ctx():
+        # through the DDP wrapper, whose reducer needs its forward (fully_shard works in place)
+        loss = loss_fn(model)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def search(args, local_rank: int) -> dict:
+    """Largest per-rank batch in [lo, hi) that stock trains with this engine: four steps a
+    trial (the optimizer's state exists from the first), bisected to 1/32.  Only in a job
+    of one process, where an OOM in one trial cannot leave another rank waiting in a
+    collective."""
+    import gc
+    import torch
+    import zoo
+    lo, hi = args.search
+
+    def fits(b: int) -> bool:
+        model = loss_fn = opt = None
+        try:
+            torch.manual_seed(0)
+            model, loss_fn, _, _ = zoo.build(args.model, b)
+            model = wrap(model, args.engine, local_rank)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            for _ in range(4):
+                train_step(model, loss_fn, opt, contextlib.nullcontext)
+            torch.cuda.synchronize()
+            ok = True
+        except torch.OutOfMemoryError:
+            ok = False
+        model = loss_fn = opt = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"search {args.model} {args.engine} batch {b}: {'fits' if ok else 'OOM'}", flush=True)
+        return ok
+
+    return {"max_batch": zoo.largest_batch(fits, lo, hi)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="resnet50", help="a model of benchmarks/zoo.py")
-    ap.add_argument("--batch", type=int, required=True, help="per-rank batch")
+    ap.add_argument("--batch", type=int, help="per-rank batch (required unless --search)")
     ap.add_argument("--engine", choices=["ddp", "fsdp"], default="ddp")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=6, help="steps before timing starts")
     ap.add_argument("--no-lms", action="store_true", help="stock PyTorch: no activation swapping")
     ap.add_argument("--no-numa", action="store_true", help="leave CPU/memory binding to the launcher")
+    ap.add_argument("--max-gpu-gib", type=float,
+                    help="cap each rank's device memory (torch.cuda.set_per_process_memory_fraction)")
+    ap.add_argument("--search", type=int, nargs=2, metavar=("LO", "HI"),
+                    help="print stock's largest batch in [LO, HI) and exit (one process only)")
     args = ap.parse_args()
+    if args.batch is None and not args.search:
+        ap.error("--batch is required (or --search LO HI)")
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     import torch
     import torch.distributed as dist
     torch.cuda.set_device(local_rank)
+    if args.max_gpu_gib:
+        cap_device_memory(local_rank, args.max_gpu_gib)
     numa = None
     if not args.no_numa:
         bus = pci_bus_id(local_rank)
@@ -110,21 +186,18 @@ def main() -> None:
             bind_to_numa_node(numa)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     rank = dist.get_rank()
-
     import zoo
+    from children import peak_rss
+    if args.search:
+        if dist.get_world_size() != 1:
+            raise SystemExit("--search runs in a job of one process (torchrun --nproc-per-node 1)")
+        print("RESULT " + json.dumps(search(args, local_rank)), flush=True)
+        dist.destroy_process_group()
+        return
+
     torch.manual_seed(0)
     model, loss_fn, units, unit = zoo.build(args.model, args.batch)
-    if args.engine == "ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
-    else:
-        try:
-            from torch.distributed.fsdp import fully_shard
-        except ImportError:  # torch 2.4-2.5
-            from torch.distributed._composable.fsdp import fully_shard
-        for child in list(model.children()):
-            if any(True for _ in child.parameters()):
-                fully_shard(child)
-        fully_shard(model)
+    model = wrap(model, args.engine, local_rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     lms = None
@@ -133,37 +206,45 @@ def main() -> None:
         lms = load_lms_swap()
     ctx = lms.swapping if lms else contextlib.nullcontext
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16), ctx():
-            # through the DDP wrapper, whose reducer needs its forward (fully_shard works in place)
-            loss = loss_fn(model)
-        loss.backward()
-        opt.step()
-        return loss
-
+    out = {"rank": rank, "local_rank": local_rank, "world_size": dist.get_world_size(),
+           "numa_node": numa, "engine": args.engine, "model": args.model, "batch": args.batch,
+           "lms": bool(lms), "status": "ok"}
     times = []
     s0 = None
-    for i in range(args.steps):
-        if i == args.warmup and lms:
-            s0 = lms.stats()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    try:
+        for i in range(args.steps):
+            if i == args.warmup and lms:
+                s0 = lms.stats()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            train_step(model, loss_fn, opt, ctx)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            if rank == 0:
+                print(f"STEP {json.dumps({'i': i, 's': round(times[-1], 4)})}", flush=True)
+    except torch.OutOfMemoryError as e:  # includes lms_swap's host-limit error
+        kind = type(e).__name__
+        out["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
+        out["error"] = str(e).splitlines()[0][:300]
+        out["steps_done"] = len(times)
+        print("RESULT " + json.dumps(out), flush=True)
+        os._exit(1)  # the other ranks wait in a collective: torchrun ends them
     timed = times[args.warmup:] or times
-    out = {"rank": rank, "local_rank": local_rank, "numa_node": numa, "engine": args.engine,
-           "model": args.model, "batch": args.batch, "lms": bool(lms),
-           "step_s": sum(timed) / len(timed), f"{unit}": units * len(timed) / sum(timed),
-           "peak_alloc": torch.cuda.max_memory_allocated()}
+    out.update({"steps": len(times), "step_s": sum(timed) / len(timed),
+                "step_times": [round(t, 4) for t in timed],
+                "warmup_s": round(sum(times[:args.warmup]), 2),
+                "unit": unit, "units_per_s": units * len(timed) / sum(timed),
+                "peak_alloc": torch.cuda.max_memory_allocated(),
+                "peak_reserved": torch.cuda.max_memory_reserved(),
+                "peak_host_rss": peak_rss()})
     if lms:
         s1 = lms.stats()
         n = len(timed)
         out["out_bytes_per_step"] = (s1["swap.out_bytes"] - (s0 or {}).get("swap.out_bytes", 0)) / n
-        out["host_limit_bytes"] = s1.get("host.limit_bytes")
-        out["host_peak_reserved_bytes"] = s1.get("host.peak_reserved_bytes")
-        out["guard_evicted_bytes"] = s1.get("guard.evicted_bytes")
+        out["in_bytes_per_step"] = (s1["swap.in_bytes"] - (s0 or {}).get("swap.in_bytes", 0)) / n
+        for k in ("host.limit_bytes", "host.peak_reserved_bytes", "guard.evicted_bytes",
+                  "guard.ooms_caught", "swap.host_full_kept", "host.pin_ms"):
+            out[k] = s1.get(k)
     print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
 

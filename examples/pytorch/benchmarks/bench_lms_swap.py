@@ -30,8 +30,6 @@ import gc
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import sys
 import time
 
@@ -40,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))         # zoo
 
 import zoo  # noqa: E402  (the models: unmodified library code)
+from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 
 D2H_BPS = 54e9   # FACTS.md, device -> pinned host
 H2D_BPS = 53e9   # FACTS.md, pinned host -> device
@@ -111,17 +110,6 @@ def build(model_name, batch, args):
 
         return model, loss_fn, batch * T, "tok/s"
     raise SystemExit(f"unknown model {model_name}")
-
-
-def peak_rss():
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 # ----------------------------------------------------------------------------- child
@@ -277,94 +265,13 @@ def child(args):
 
 
 # ----------------------------------------------------------------------------- parent
-def mem_available():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
-_RUNNING = set()  # process groups of the children now running
-
-
-def _end_children(signum, _frame):
-    """The parent was told to stop (a timeout around it, Ctrl-C): end the running
-    child too.  Each child has its own session, so the signal does not reach it, and
-    a child left behind keeps its GPU memory: on the H100 one ran on after its parent
-    was killed and the next configuration died of CUDA OOM with 0.8 GiB of its own."""
-    for pgid in list(_RUNNING):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    raise SystemExit(128 + signum)
-
-
-def install_stop_handlers():
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _end_children)
-
-
 def run_child(argv, timeout, guard_bytes, log):
-    t0 = time.perf_counter()
     env = dict(os.environ)
     if ALLOC_CONF:
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
-    p = subprocess.Popen([sys.executable, __file__, "--child"] + argv,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True, env=env)
-    _RUNNING.add(p.pid)
-    try:
-        return _watch_child(p, t0, timeout, guard_bytes, log)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        _RUNNING.discard(p.pid)
-
-
-def _watch_child(p, t0, timeout, guard_bytes, log):
-    min_avail = mem_available()
-    killed = None
-    out_lines = []
-    import threading
-
-    def reader():
-        for line in p.stdout:
-            out_lines.append(line)
-            log.write(line)
-    th = threading.Thread(target=reader, daemon=True)
-    th.start()
-    while p.poll() is None:
-        time.sleep(0.1)
-        avail = mem_available()
-        if avail is not None:
-            min_avail = min(min_avail, avail)
-            if avail < guard_bytes:
-                killed = "killed (host memory)"
-                os.killpg(p.pid, signal.SIGKILL)
-                break
-        if time.perf_counter() - t0 > timeout:
-            killed = f"timeout ({timeout}s)"
-            os.killpg(p.pid, signal.SIGKILL)
-            break
-    p.wait()
-    th.join(timeout=5)
-    wall = time.perf_counter() - t0
-    res = None
-    for line in out_lines:
-        if line.startswith("RESULT "):
-            res = json.loads(line[7:])
-    if res is None:
-        steps = [json.loads(line[5:]) for line in out_lines if line.startswith("STEP ")]
-        res = {"status": killed or f"exit {p.returncode}",
-               "error": "".join(out_lines[-5:])[-400:],
-               "steps_done": len(steps),  # of a run that did not finish
-               "step_s_seen": [s["s"] for s in steps]}
-    res["wall_s"] = round(wall, 1)
-    res["min_mem_available"] = min_avail
-    res["returncode"] = p.returncode
+    res = run_process([sys.executable, __file__, "--child"] + argv, timeout, guard_bytes,
+                      log, env)
+    res.pop("results", None)  # one process: its RESULT is the row itself
     return res
 
 
@@ -382,7 +289,6 @@ def search_max_batch(model, args, log, lo, hi):
 def child_search(args):
     import torch
     lo, hi = args.search
-    best = None
 
     def fits(b):
         try:
@@ -404,18 +310,7 @@ def child_search(args):
         print(f"search {args.model} batch {b}: {'fits' if ok else 'OOM'}", flush=True)
         return ok
 
-    # lo fits (assumed, checked), hi does not: bisect
-    if not fits(lo):
-        print("RESULT " + json.dumps({"max_batch": None}))
-        return
-    best = lo
-    while hi - best > max(1, best // 32):
-        mid = (best + hi) // 2
-        if fits(mid):
-            best = mid
-        else:
-            hi = mid
-    print("RESULT " + json.dumps({"max_batch": best}), flush=True)
+    print("RESULT " + json.dumps({"max_batch": zoo.largest_batch(fits, lo, hi)}), flush=True)
 
 
 def fmt_gib(b):

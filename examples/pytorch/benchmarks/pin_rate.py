@@ -11,6 +11,8 @@ touching the pages first from several threads makes pinning faster:
   touch N        the same pages first written from N threads (one byte a 4 KiB page),
                  then cudaHostRegister; the two times are shown apart
   host_alloc     torch.empty(pin_memory=True) (PyTorch's own pinned allocator)
+  busy           cudaHostUnregister with GPU work queued (does it wait for the queue?)
+                 and the munmap after it
   unregister     cudaHostUnregister of a registered buffer (what the pool's releaser
                  thread does; the driver holds a lock meanwhile: run 67 saw the
                  training thread's cudaMemcpyAsync wait 0.3 s behind it)
@@ -69,6 +71,41 @@ def _copy_rate(buf: torch.Tensor, src: torch.Tensor) -> float:
     return n / (time.perf_counter() - t0) / 1e9
 
 
+def _busy_unregister(src: torch.Tensor, gib: int = 1, n: int = 4) -> None:
+    """Does cudaHostUnregister wait for work queued on the GPU (as the pool's releaser
+    thread does it while a step runs)?  Each of ``n`` registered buffers is unpinned
+    right after about 0.5 s of matrix products were queued; then the unmapping is timed."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+    per = (time.perf_counter() - t0) / 10
+    k = max(1, int(0.5 / per))
+    nb = gib << 30
+    for i in range(n):
+        m, buf = _map(nb)
+        buf[::4096].fill_(0)
+        _register(buf)
+        buf[:src.numel()].copy_(src[:nb], non_blocking=True)
+        torch.cuda.synchronize()
+        for _ in range(k):
+            a @ a
+        t0 = time.perf_counter()
+        du = _unregister(buf)
+        left = time.perf_counter() - t0
+        ts = time.perf_counter()
+        torch.cuda.synchronize()
+        rest = time.perf_counter() - ts
+        del buf
+        tm = time.perf_counter()
+        m.close()
+        dm = time.perf_counter() - tm
+        print(f"busy unregister {gib} GiB with {k * per:.2f} s of work queued: unregister "
+              f"{du:.3f} s, queue left after it {rest:.3f} s; munmap {dm:.3f} s", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,6 +141,8 @@ def main() -> int:
         _unregister(buf)
         del buf
         m.close()
+
+    _busy_unregister(src)
 
     t0 = time.perf_counter()
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)

@@ -32,6 +32,21 @@ SEARCH = {
 MODELS = tuple(SEARCH)
 
 
+def largest_batch(fits, lo, hi):
+    """The largest batch in [lo, hi) for which ``fits(batch)`` holds, to 1/32, assuming
+    it holds at lo (checked: None where it does not) and not at hi."""
+    if not fits(lo):
+        return None
+    best = lo
+    while hi - best > max(1, best // 32):
+        mid = (best + hi) // 2
+        if fits(mid):
+            best = mid
+        else:
+            hi = mid
+    return best
+
+
 def _gen():
     return torch.Generator(device=DEV).manual_seed(0)
 

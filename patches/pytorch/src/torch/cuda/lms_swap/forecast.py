@@ -18,6 +18,19 @@ from .policy import (damped, growth_to_end, next_margin_factor, next_plan,
 from .state import _DevState
 
 
+def _allocator_cap(index: int, total: int) -> int:
+    """Bytes the caching allocator lets this process reserve on device ``index``: the
+    card, or less where ``torch.cuda.set_per_process_memory_fraction`` capped it."""
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.7
+    if get is None:
+        return total
+    try:
+        frac = float(get(index))
+    except Exception:
+        return total
+    return int(total * frac) if 0.0 < frac < 1.0 else total
+
+
 class _StepForecast:
     """Limits, margin, plan and prefetch headroom, learned between steps."""
 
@@ -41,6 +54,9 @@ class _StepForecast:
                     except Exception:
                         lim = 0
                 total = torch.cuda.get_device_properties(st.index).total_memory
+                # a cap the user gave the caching allocator (set_per_process_memory_fraction)
+                # is the device as far as this process is concerned
+                total = min(total, _allocator_cap(st.index, total))
                 if lim <= 0 or lim > total:
                     if cfg.device_limit_fraction is not None:
                         lim = int(total * float(cfg.device_limit_fraction))

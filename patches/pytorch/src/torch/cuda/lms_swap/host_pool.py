@@ -29,6 +29,10 @@ class _Releaser:
 
     Giving back 20 GB of pinned buffers (``cudaHostUnregister``, then the unmap) took
     2.4 s on the H100 machine; done inline it stalled the step whose end aged them out.
+    (pin_rate.py, run 80: unpinning 1 GiB takes 0.06 s with GPU work queued, it does
+    not wait for that work; the unmap after it 0.15 s.  Done at the step boundary on
+    the training thread instead, the same 40 GB cost one step 2.5-4 s, about what this
+    thread's overlap cost spread over 11 steps.)
     :attr:`pending` counts the bytes queued and not yet given back: the pool counts them
     against its limit and the machine's floor, and :meth:`wait` until they are gone
     before it reports a limit reached.  Nothing queued here is used again."""
@@ -84,6 +88,33 @@ class _Releaser:
 
 
 _releaser = _Releaser()
+
+
+def _prefault(buf: torch.Tensor) -> None:
+    """Faults in the pages of a fresh mapping from several threads.
+
+    cudaHostRegister of fresh pages has the kernel fault in and zero each one on the
+    calling thread, at 1-2 GB/s; written first from 8 threads (one byte a 4 KiB page),
+    the same 8.6 GB pinned at 4.1 GB/s in all on the H100 machine (pin_rate.py,
+    results/h100-run75).  Its own threads, not PyTorch's intra-op pool, which torchrun
+    sets to one thread.  Zeros are written: the buffer reads as the kernel gave it."""
+    n = buf.numel()
+    if n < (64 << 20):
+        return
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    k = max(1, min(8, cpus))
+    pages = buf[::4096]
+    step = (pages.numel() + k - 1) // k
+    threads = [threading.Thread(target=pages[a:a + step].zero_, daemon=True)
+               for a in range(step, pages.numel(), step)]
+    for t in threads:
+        t.start()
+    pages[:step].zero_()  # the first share on this thread (PyTorch releases the GIL)
+    for t in threads:
+        t.join()
 
 
 class HostPool:
@@ -437,6 +468,7 @@ class HostPool:
             buf = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes)
             if self.pin:
                 t0 = time.perf_counter()
+                _prefault(buf)
                 if self._device is None:
                     self._device = torch.cuda.current_device()
                 rt = torch.cuda.cudart()

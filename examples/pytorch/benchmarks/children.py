@@ -1,0 +1,137 @@
+"""The benchmark parents' side: each configuration runs as a child process in its own
+session, with a timeout and a host-memory guard, and a stop of the parent ends it.
+
+A crash, a CUDA OOM or the kernel's OOM killer then ends only that configuration, and a
+child never outlives its parent holding GPU memory.  Children report with lines
+``RESULT {json}`` (one per process: a torchrun job prints one per rank) and may print
+``STEP {json}`` per step, which are kept for a child that did not finish.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Dict, List, Optional
+
+_RUNNING = set()  # process groups of the children now running
+
+
+def mem_available() -> Optional[int]:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def peak_rss() -> Optional[int]:
+    """This process's resident-set high-water mark (bytes)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _end_children(signum, _frame):
+    """The parent was told to stop (a timeout around it, Ctrl-C): end the running
+    child too.  Each child has its own session, so the signal does not reach it, and
+    a child left behind keeps its GPU memory: on the H100 one ran on after its parent
+    was killed and the next configuration died of CUDA OOM with 0.8 GiB of its own."""
+    for pgid in list(_RUNNING):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(128 + signum)
+
+
+def install_stop_handlers() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _end_children)
+
+
+def run_process(cmd: List[str], timeout: float, guard_bytes: int, log,
+                env: Optional[Dict[str, str]] = None) -> dict:
+    """Runs ``cmd`` in its own session; its output goes to ``log``.  Returns the last
+    ``RESULT`` it printed (all of them under ``results``), or a status saying why there
+    is none, with ``wall_s``, ``min_mem_available`` and ``returncode``."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, env=env)
+    _RUNNING.add(p.pid)
+    try:
+        return _watch(p, t0, timeout, guard_bytes, log)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        else:  # the session may hold grandchildren (torchrun's workers)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _RUNNING.discard(p.pid)
+
+
+def _records(lines: List[str], tag: str) -> List[dict]:
+    """The JSON records of the lines that start with ``tag`` (a line garbled by two
+    processes writing at once is skipped, not fatal to the parent)."""
+    out = []
+    for line in lines:
+        if line.startswith(tag):
+            try:
+                out.append(json.loads(line[len(tag):]))
+            except ValueError:
+                pass
+    return out
+
+
+def _watch(p, t0, timeout, guard_bytes, log) -> dict:
+    min_avail = mem_available()
+    killed = None
+    out_lines: List[str] = []
+
+    def reader():
+        for line in p.stdout:
+            out_lines.append(line)
+            log.write(line)
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    while p.poll() is None:
+        time.sleep(0.1)
+        avail = mem_available()
+        if avail is not None:
+            min_avail = min(min_avail, avail)
+            if avail < guard_bytes:
+                killed = "killed (host memory)"
+                os.killpg(p.pid, signal.SIGKILL)
+                break
+        if time.perf_counter() - t0 > timeout:
+            killed = f"timeout ({timeout}s)"
+            os.killpg(p.pid, signal.SIGKILL)
+            break
+    p.wait()
+    th.join(timeout=5)
+    wall = time.perf_counter() - t0
+    results = _records(out_lines, "RESULT ")
+    if results and not killed:
+        res = dict(results[-1])
+        res["results"] = results
+    else:
+        steps = _records(out_lines, "STEP ")
+        res = {"status": killed or f"exit {p.returncode}",
+               "error": "".join(out_lines[-5:])[-400:],
+               "steps_done": len(steps),  # of a run that did not finish
+               "step_s_seen": [s["s"] for s in steps],
+               "results": results}
+    res["wall_s"] = round(wall, 1)
+    res["min_mem_available"] = min_avail
+    res["returncode"] = p.returncode
+    return res
