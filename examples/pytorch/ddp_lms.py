@@ -97,10 +97,14 @@ def cap_device_memory(device: int, gib: float) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, gib * (1 << 30) / total), device)
 
 
-def wrap(model, engine: str, local_rank: int):
+def wrap(model, engine: str, local_rank: int, **ddp_options):
+    """``model`` under DDP (``ddp_options``: DistributedDataParallel's keywords) or under
+    FSDP2 (``fully_shard`` on every child that has parameters, then on the root; the
+    options unused)."""
     import torch
     if engine == "ddp":
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank],
+                                                         **ddp_options)
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch 2.4-2.5
@@ -110,17 +114,6 @@ def wrap(model, engine: str, local_rank: int):
             fully_shard(child)
     fully_shard(model)
     return model
-
-
-def train_step(model, loss_fn, opt, ctx):
-    import torch
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16), ctx():
-        # through the DDP wrapper, whose reducer needs its forward (fully_shard works in place)
-        loss = loss_fn(model)
-    loss.backward()
-    opt.step()
-    return loss
 
 
 def search(args, local_rank: int) -> dict:
@@ -141,7 +134,7 @@ def search(args, local_rank: int) -> dict:
             model = wrap(model, args.engine, local_rank)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             for _ in range(4):
-                train_step(model, loss_fn, opt, contextlib.nullcontext)
+                zoo.train_step(lambda: loss_fn(model), opt, contextlib.nullcontext)
             torch.cuda.synchronize()
             ok = True
         except torch.OutOfMemoryError:
@@ -209,6 +202,11 @@ def main() -> None:
     out = {"rank": rank, "local_rank": local_rank, "world_size": dist.get_world_size(),
            "numa_node": numa, "engine": args.engine, "model": args.model, "batch": args.batch,
            "lms": bool(lms), "status": "ok"}
+
+    def wrapped_loss():
+        # through the DDP wrapper, whose reducer needs its forward (fully_shard works in place)
+        return loss_fn(model)
+
     times = []
     s0 = None
     try:
@@ -217,7 +215,7 @@ def main() -> None:
                 s0 = lms.stats()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            train_step(model, loss_fn, opt, ctx)
+            zoo.train_step(wrapped_loss, opt, ctx)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if rank == 0:

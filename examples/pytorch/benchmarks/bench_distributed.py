@@ -35,11 +35,9 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from children import install_stop_handlers, run_process  # noqa: E402
+from bench_lms_swap import D2H_BPS, GiB, H2D_BPS  # noqa: E402  (FACTS.md's rates)
+from children import install_stop_handlers, meminfo, run_process  # noqa: E402
 
-D2H_BPS = 54e9   # FACTS.md, device -> pinned host
-H2D_BPS = 53e9   # FACTS.md, pinned host -> device
-GiB = 1 << 30
 EXAMPLE = HERE.parent / "ddp_lms.py"
 ALLOC_CONF = "expandable_segments:True"  # as bench_lms_swap.py: every mode alike
 
@@ -71,14 +69,6 @@ def probe() -> None:
 def torchrun(nproc: int, argv) -> list:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}"] + [str(a) for a in argv]
-
-
-def host_total() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def plan(args, gpus: int) -> list:
@@ -127,27 +117,31 @@ def summarize(row: dict, stock: dict, rates) -> None:
 
 
 def fmt_row(row: dict, one_gpu: dict) -> str:
+    """One line of results.md: the job, then its measurements ("-" where it did not finish)."""
     def g(b):
         return f"{b / GiB:.1f}" if b else "-"
-    pr = row.get("per_rank") or []
-    pct = ", ".join(f"{d['pct_of_bound']}%" for d in pr if d.get("pct_of_bound") is not None) or "-"
-    ppct = ", ".join(f"{d['pct_of_probed_bound']}%" for d in pr if d.get("pct_of_probed_bound") is not None) or "-"
-    moved = ", ".join(f"{d['out_gib']:.1f}/{d['in_gib']:.1f}" for d in pr if d["out_gib"]) or "-"
-    rss = ", ".join(g(d["peak_host_rss"]) for d in pr) or "-"
-    thr = f"{row['units_per_s']:.1f} {row['unit']}" if row.get("units_per_s") else "-"
-    ratio = "-"
-    ref = one_gpu.get((row["scale"], row["lms"]))
-    if ref and row.get("units_per_s") and row["nproc"] > 1:
-        ratio = f"{row['units_per_s'] / ref:.2f}x"
+
+    def per_rank(fmt, key):
+        return ", ".join(fmt(d) for d in row.get("per_rank") or [] if d.get(key)) or "-"
+
     status = row["status"] if row["status"] == "ok" else f"**{row['status']}**"
     if row["status"] != "ok" and row.get("error"):
         status += ": " + " ".join(str(row["error"]).split())[:120]
-    return (f"| {row['engine']} | {row['nproc']} | {row['scale']}x | {row['batch']} | "
-            f"{'lms' if row['lms'] else 'stock'} | {status} | {row.get('steps_done_all', '-')} | "
-            f"{row['step_s']:.3f} | {thr} | {ratio} | {moved} | {pct} | {ppct} | {rss} | "
-            f"{g(row.get('node_peak_host_rss'))} | {g(row.get('node_host_used_peak'))} |" if row.get("step_s") else
-            f"| {row['engine']} | {row['nproc']} | {row['scale']}x | {row['batch']} | "
-            f"{'lms' if row['lms'] else 'stock'} | {status} | - | - | - | - | - | - | - | - | - | - |")
+    cells = [row["engine"], row["nproc"], f"{row['scale']}x", row["batch"],
+             "lms" if row["lms"] else "stock", status]
+    if row.get("step_s"):
+        ref = one_gpu.get((row["scale"], row["lms"]))
+        cells += [row.get("steps_done_all", "-"), f"{row['step_s']:.3f}",
+                  f"{row['units_per_s']:.1f} {row['unit']}",
+                  f"{row['units_per_s'] / ref:.2f}x" if ref and row["nproc"] > 1 else "-",
+                  per_rank(lambda d: f"{d['out_gib']:.1f}/{d['in_gib']:.1f}", "out_gib"),
+                  per_rank(lambda d: f"{d['pct_of_bound']}%", "pct_of_bound"),
+                  per_rank(lambda d: f"{d['pct_of_probed_bound']}%", "pct_of_probed_bound"),
+                  per_rank(lambda d: g(d["peak_host_rss"]), "peak_host_rss"),
+                  g(row.get("node_peak_host_rss")), g(row.get("node_host_used_peak"))]
+    else:
+        cells += ["-"] * 10
+    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def write(out: pathlib.Path, meta: dict, rows: list) -> None:
@@ -207,10 +201,11 @@ def main() -> int:
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=ALLOC_CONF)
     guard = int(args.host_guard_gib * GiB)
     t_start = time.perf_counter()
+    total = meminfo("MemTotal")
     common = ["--model", args.model] + (["--max-gpu-gib", args.max_gpu_gib] if args.max_gpu_gib else [])
     meta = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv), "model": args.model,
-            "gpus": gpus, "max_gpu_gib": args.max_gpu_gib, "host_total": host_total(),
-            "node_budget": int(host_total() * 0.80)}
+            "gpus": gpus, "max_gpu_gib": args.max_gpu_gib, "host_total": total,
+            "node_budget": int(total * 0.80)}
 
     r = run_process(torchrun(gpus, [__file__, "--probe"]), 120, guard, log, env)
     rates = {x["rank"]: x for x in r.get("results", [])}
@@ -221,7 +216,6 @@ def main() -> int:
     if args.base_batch:
         base, meta["base_batch_from"] = args.base_batch, "given"
     else:
-        sys.path.insert(0, str(HERE))
         import zoo
         lo, hi = args.search or zoo.SEARCH[args.model]
         r = run_process(torchrun(1, [EXAMPLE, "--search", lo, hi, "--engine", "ddp"] + common),

@@ -133,24 +133,6 @@ def make_optimizer(model, name):
     return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
 
-def train_step(loss_fn, opt, ctx, phase=None):
-    """One training step, as every mode and profile_step.py run it: bf16 autocast, the
-    mode's context (``ctx()``) around forward.  ``phase(name)``, when given, returns a
-    context manager put around "forward", "backward" and "optimizer"."""
-    import torch
-    phase = phase or (lambda _name: contextlib.nullcontext())
-    opt.zero_grad(set_to_none=True)
-    with phase("forward"):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            with ctx():
-                loss = loss_fn()
-    with phase("backward"):
-        loss.backward()
-    with phase("optimizer"):
-        opt.step()
-    return loss
-
-
 def child(args):
     import torch
 
@@ -178,7 +160,7 @@ def child(args):
         opt = make_optimizer(model, args.optimizer)
 
         def step():
-            return train_step(loss_fn, opt, ctx)
+            return zoo.train_step(loss_fn, opt, ctx)
 
         times = []
         per_step = []

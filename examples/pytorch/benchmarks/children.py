@@ -19,12 +19,17 @@ from typing import Dict, List, Optional
 _RUNNING = set()  # process groups of the children now running
 
 
-def mem_available() -> Optional[int]:
+def meminfo(key: str) -> Optional[int]:
+    """A field of /proc/meminfo in bytes (``MemAvailable``, ``MemTotal``)."""
     with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return None
+
+
+def mem_available() -> Optional[int]:
+    return meminfo("MemAvailable")
 
 
 def peak_rss() -> Optional[int]:
@@ -69,14 +74,11 @@ def run_process(cmd: List[str], timeout: float, guard_bytes: int, log,
     try:
         return _watch(p, t0, timeout, guard_bytes, log)
     finally:
-        if p.poll() is None:
+        try:  # the child, and what its session still holds (torchrun's workers)
             os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        else:  # the session may hold grandchildren (torchrun's workers)
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        except ProcessLookupError:
+            pass
+        p.wait()
         _RUNNING.discard(p.pid)
 
 

@@ -167,7 +167,7 @@ def main() -> int:
                 yield
 
         t0 = time.perf_counter()
-        bench.train_step(loss_fn, opt, ctx, phase)
+        bench.zoo.train_step(loss_fn, opt, ctx, phase)
         if phases:
             marks.append(torch.cuda.Event(enable_timing=True))
             marks[-1].record()

@@ -9,6 +9,8 @@ user would run.  ``build(name, batch)`` returns ``(model, loss_fn, units, unit)`
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -45,6 +47,24 @@ def largest_batch(fits, lo, hi):
         else:
             hi = mid
     return best
+
+
+def train_step(loss_fn, opt, ctx, phase=None):
+    """One training step, as the benchmarks, profile_step.py and ../ddp_lms.py run every
+    model: bf16 autocast, the mode's context (``ctx()``, e.g. lms_swap.swapping) around
+    forward.  ``phase(name)``, when given, returns a context manager put around
+    "forward", "backward" and "optimizer"."""
+    phase = phase or (lambda _name: contextlib.nullcontext())
+    opt.zero_grad(set_to_none=True)
+    with phase("forward"):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            with ctx():
+                loss = loss_fn()
+    with phase("backward"):
+        loss.backward()
+    with phase("optimizer"):
+        opt.step()
+    return loss
 
 
 def _gen():

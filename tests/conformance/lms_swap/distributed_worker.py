@@ -29,21 +29,6 @@ def _net():
     return nn.Sequential(*layers).cuda()
 
 
-def _wrap(model, engine, local_rank):
-    if engine == "ddp":
-        # small buckets: several all-reduces run while backward brings tensors back
-        return nn.parallel.DistributedDataParallel(model, device_ids=[local_rank], bucket_cap_mb=1)
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # torch 2.4-2.5
-        from torch.distributed._composable.fsdp import fully_shard
-    for layer in model:
-        if any(True for _ in layer.parameters()):
-            fully_shard(layer)
-    fully_shard(model)
-    return model
-
-
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -61,6 +46,7 @@ def main() -> None:
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank = dist.get_rank()
     sys.path.insert(0, str(REPO / "examples" / "pytorch"))
+    from ddp_lms import wrap  # the example's DDP / fully_shard wrapping
     from lms_swap_loader import load_lms_swap
     lms_swap = load_lms_swap(prefer_patched=False)
     g = torch.Generator(device="cuda").manual_seed(100 + rank)   # each rank its own data
@@ -69,7 +55,9 @@ def main() -> None:
     res = {"rank": rank, "world": dist.get_world_size()}
     for engine in ("ddp", "fsdp"):
         for mode in ("stock", "lms"):
-            model = _wrap(_net(), engine, local)
+            # small DDP buckets (FSDP ignores the option): several all-reduces run while
+            # backward brings tensors back
+            model = wrap(_net(), engine, local, bucket_cap_mb=1)
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             sw = lms_swap.ActivationSwapper(policy="always", size_threshold=64 * 1024)
             losses, grads = [], []

@@ -56,7 +56,7 @@ class _StepForecast:
                 total = torch.cuda.get_device_properties(st.index).total_memory
                 # a cap the user gave the caching allocator (set_per_process_memory_fraction)
                 # is the device as far as this process is concerned
-                total = min(total, _allocator_cap(st.index, total))
+                total = _allocator_cap(st.index, total)
                 if lim <= 0 or lim > total:
                     if cfg.device_limit_fraction is not None:
                         lim = int(total * float(cfg.device_limit_fraction))
