@@ -39,30 +39,68 @@ def cpu_swapper(m, **kw):
 
 
 # ------------------------------------------------------------------ host pool
-def test_pool_exact_sizes_and_reuse(m):
-    pool = m.HostPool(limit=10 * MiB, pin=False)
+def test_pool_exact_sizes_carved_from_one_chunk(m):
+    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
     a = pool.alloc(1000003)
     b = pool.alloc(12345)
     assert a.numel() == 1000003 and b.numel() == 12345  # no rounding
-    assert pool.reserved == pool.in_use == 1000003 + 12345
+    assert pool.in_use == 1000003 + 12345
+    assert pool.reserved == 4 * MiB and pool.blocks == 1
+    assert pool.misses == 1 and pool.hits == 1
+    assert b.data_ptr() - a.data_ptr() == 1003520       # ranges start on 4 KiB
+    a.fill_(1)
+    b.fill_(2)
+    assert a.sum().item() == 1000003                     # the ranges do not overlap
     pool.free(a)
-    assert pool.in_use == 12345 and pool.cached == 1000003
-    c = pool.alloc(1000003)
-    assert c.data_ptr() == a.data_ptr() and pool.hits == 1 and pool.misses == 2
+    assert pool.in_use == 12345 and pool.cached == 4 * MiB - 12345
+    c = pool.alloc(1000003)                              # best fit: a's range again
+    assert c.data_ptr() == a.data_ptr() and pool.hits == 2 and pool.misses == 1
     pool.free(b)
     pool.free(c)
-    assert pool.stats()["host.in_use_bytes"] == 0
-    assert pool.empty_cache() == 1000003 + 12345
+    s = pool.stats()
+    assert s["host.in_use_bytes"] == 0
+    assert s["host.free_ranges"] == 1 and s["host.largest_free_bytes"] == 4 * MiB  # merged
+    assert pool.empty_cache() == 4 * MiB
     assert pool.reserved == 0 and pool.blocks == 0
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        m.HostPool(limit=1, pin=False, chunk_bytes=0)
 
 
-def test_pool_limit_evicts_cached_then_raises(m):
+def test_pool_serves_other_sizes_from_what_it_pinned(m):
+    """Steps that swap other tensors than the step before (a first step that swapped
+    under pressure, then a planned one; variable sequence lengths) are served from the
+    same chunks: the pool grows only when the bytes in use do."""
+    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=32 * MiB)
+    bufs = [pool.alloc(3 * MiB) for _ in range(8)]      # 24 MiB
+    for b in bufs:
+        pool.free(b)
+    assert pool.stats()["host.free_ranges"] == 1        # merged back into one range
+    g = torch.Generator().manual_seed(0)
+    for step in range(20):                              # up to 24 MiB of random sizes
+        left, bufs = 24 * MiB, []
+        while True:
+            n = int(torch.randint(4096, 6 * MiB, (1,), generator=g))
+            if n > left:
+                break
+            bufs.append(pool.alloc(n))
+            left -= m.host_pool._round_up(n, 4096)
+        order = torch.randperm(len(bufs), generator=g).tolist()
+        for i in order:                                 # returned in any order
+            pool.free(bufs[i])
+        assert pool.end_step() == 0
+    assert pool.misses == 1 and pool.reserved == 32 * MiB
+    assert pool.stats()["host.free_ranges"] == 1
+
+
+def test_pool_limit_releases_idle_chunks_then_raises(m):
     pool = m.HostPool(limit=3 * MiB, pin=False)
-    a = pool.alloc(2 * MiB)
+    a = pool.alloc(2 * MiB)  # a chunk of 256 MiB does not fit the limit: one of 2 MiB
+    assert pool.reserved == 2 * MiB
     pool.free(a)
-    b = pool.alloc(MiB + 1)  # other size: the cached 2 MiB buffer is released to fit
-    assert pool.evictions == 1 and pool.reserved == MiB + 1
-    c = pool.alloc(MiB)
+    b = pool.alloc(MiB + 1)  # another size, carved from the same chunk
+    assert pool.evictions == 0 and pool.reserved == 2 * MiB and pool.hits == 1
+    c = pool.alloc(MiB)      # the rest of that chunk is too small: a 1 MiB chunk
+    assert pool.reserved == 3 * MiB and pool.blocks == 2
     with pytest.raises(m.LMSHostMemoryError) as ei:
         pool.alloc(MiB)
     msg = str(ei.value)
@@ -72,6 +110,9 @@ def test_pool_limit_evicts_cached_then_raises(m):
     pool.free(b)
     pool.free(c)
     assert pool.in_use == 0
+    d = pool.alloc(2 * MiB + MiB // 2)  # fits no free range: both idle chunks go
+    assert pool.evictions == 2 and pool.reserved == 2 * MiB + MiB // 2
+    pool.free(d)
 
 
 def test_pool_keeps_machine_memory_available(m):
@@ -108,8 +149,8 @@ def test_pool_shared_budget_with_allocator(m):
     a = pool.alloc(3 * MiB)
     assert budget.used == 3 * MiB
     pool.free(a)
-    b = pool.alloc(2 * MiB)  # evicts the cached 3 MiB to get the shared budget
-    assert budget.used == 2 * MiB and pool.evictions == 1
+    b = pool.alloc(2 * MiB)  # carved from the 3 MiB chunk: no more of the budget
+    assert budget.used == 3 * MiB and pool.evictions == 0
     with pytest.raises(m.LMSHostMemoryError, match="shared with the CUDA allocator"):
         pool.alloc(3 * MiB)
     pool.free(b)
@@ -565,7 +606,7 @@ def test_pool_gives_host_memory_back_after_steps_that_need_less(m):
 def test_pool_keeps_what_recent_steps_used(m):
     """A cycle of steps that swap more and less pins nothing after its first round (the
     pool keeps every buffer one of the last keep_steps steps handed out)."""
-    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=4)
+    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=4, chunk_bytes=4 * MiB)
     for step in range(12):                            # 16, 8, 8, 8 MiB, in turn
         bufs = [pool.alloc(4 * MiB) for _ in range(4 if step % 4 == 0 else 2)]
         for b in bufs:
@@ -582,7 +623,7 @@ def test_pool_keeps_sizes_that_alternate_between_steps(m):
     """Steps whose swapped sizes differ (a decoder's fp32 logits swapped in two steps of
     four) keep both sets pinned: the union of what recent steps used, not the most one
     step had in use, which gave the large buffer back and pinned it again every cycle."""
-    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=8)
+    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=8, chunk_bytes=4 * MiB)
     for step in range(16):
         sizes = [4 * MiB] * 3 + ([24 * MiB] if step % 4 in (2, 3) else [])
         bufs = [pool.alloc(n) for n in sizes]
@@ -633,7 +674,7 @@ def test_pool_limit_counts_bytes_still_being_given_back(m):
 
 def test_the_net_is_told_the_bytes_in_use_not_the_cache(m):
     seen = []
-    pool = m.HostPool(limit=1 << 40, pin=False, on_change=seen.append)
+    pool = m.HostPool(limit=1 << 40, pin=False, on_change=seen.append, chunk_bytes=4 * MiB)
     b = pool.alloc(4 * MiB)
     assert seen[-1] == 4 * MiB
     pool.free(b)
@@ -642,7 +683,7 @@ def test_the_net_is_told_the_bytes_in_use_not_the_cache(m):
 
 
 def test_pool_reuses_its_hot_buffers_and_lets_the_rest_age_out(m):
-    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=2)
+    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=2, chunk_bytes=4 * MiB)
     bufs = [pool.alloc(4 * MiB) for _ in range(3)]    # one step held three at once
     for b in bufs:
         pool.free(b)

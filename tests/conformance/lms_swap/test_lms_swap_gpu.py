@@ -358,14 +358,17 @@ def test_host_limit_error_is_clear_and_clean(lms_swap, cuda_clean):
     assert s["host.in_use_bytes"] == 0 and s["host.reserved_bytes"] <= 8 * MiB
 
 
-def test_host_pool_is_exact_size_and_reused(lms_swap, cuda_clean):
+def test_host_pool_holds_what_was_in_use_and_is_reused(lms_swap, cuda_clean):
     sw = _swapper(lms_swap, policy="always")
     x, y = _batch()
     model = _net()
     _step(model, x, y, lambda: sw, steps=1)
     s1 = sw.stats()
-    # exact sizes: what the pool holds is what was in use at the peak, not rounded up
-    assert s1["host.reserved_bytes"] == s1["host.peak_in_use_bytes"]
+    # ranges of exact sizes (4 KiB aligned) carved from chunks: what the pool pinned is
+    # what was in use at the peak and less than one chunk more, nothing rounded up
+    peak = s1["host.peak_in_use_bytes"]
+    slack = sw.pool.chunk_bytes + 4096 * s1["swap.out_count"]
+    assert peak <= s1["host.reserved_bytes"] <= peak + slack
     _step(model, x, y, lambda: sw, steps=3)
     s2 = sw.stats()
     assert s2["host.pool_misses"] == s1["host.pool_misses"]  # steady state: all hits

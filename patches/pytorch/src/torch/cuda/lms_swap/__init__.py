@@ -28,7 +28,8 @@ Compared with :class:`torch.autograd.graph.save_on_cpu` it
   and when the caching allocator runs out of memory anyway (a transient larger than any
   seen, a first step that needs 2x), the net moves those tensors to host memory and the
   allocation is retried (``guard``, below); the next steps learn from what it moved;
-* uses an exact-size pool of pinned host buffers (no power-of-two rounding) under a host
+* keeps swapped tensors in pinned host chunks carved into ranges of exactly their size
+  (no power-of-two rounding; any mix of sizes reuses what was pinned) under a host
   memory limit, and raises :class:`LMSHostMemoryError` (a ``torch.OutOfMemoryError``)
   before the machine runs out of memory; when swap space is full, a tensor stays on
   the device as long as the device allocation is under its limit, and the error is

@@ -1,154 +1,85 @@
-"""The exact-size pinned host pool that swapped tensors live in, and the thread that
-gives its buffers back."""
+"""The pinned host pool that swapped tensors live in: pinned chunks, carved into ranges
+of any size."""
 
 from __future__ import annotations
 
-import atexit
+import bisect
 import collections
 import contextlib
-import mmap
-import os
-import queue
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .environment import ENV_HOST_LIMIT, LMSHostMemoryError, _fmt, _host_available
+from .environment import ENV_HOST_LIMIT, MiB, LMSHostMemoryError, _fmt, _host_available
+from .pinned import _PAGE, _releaser, map_host
+
+_ALIGN = 4096       # every range starts on a 4 KiB boundary
+_HUGE = 2 * MiB     # chunks are whole huge pages where the kernel has them
 
 
-try:
-    _PAGE = max(4096, int(os.sysconf("SC_PAGE_SIZE")))
-except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-    _PAGE = 4096
+def _round_up(n: int, a: int) -> int:
+    return (int(n) + a - 1) // a * a
 
 
-class _Releaser:
-    """Unpins and unmaps the host pool's buffers on one daemon thread.
+class _Chunk:
+    """One pinned mapping.  ``starts``/``ends`` index its free ranges (start -> length,
+    end -> start; neighbours are always merged); ``ranges`` counts the ranges handed out
+    and not yet free again (in use, or waiting for their last copy)."""
 
-    Giving back 20 GB of pinned buffers (``cudaHostUnregister``, then the unmap) took
-    2.4 s on the H100 machine; done inline it stalled the step whose end aged them out.
-    (pin_rate.py, run 80: unpinning 1 GiB takes 0.06 s with GPU work queued, it does
-    not wait for that work; the unmap after it 0.15 s.  Done at the step boundary on
-    the training thread instead, the same 40 GB cost one step 2.5-4 s, about what this
-    thread's overlap cost spread over 11 steps.)
-    :attr:`pending` counts the bytes queued and not yet given back: the pool counts them
-    against its limit and the machine's floor, and :meth:`wait` until they are gone
-    before it reports a limit reached.  Nothing queued here is used again."""
+    __slots__ = ("id", "buf", "size", "starts", "ends", "ranges", "last_step")
 
-    def __init__(self) -> None:
-        self._q: "queue.Queue" = queue.Queue()
-        self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
-        self.pending = 0
-        self.errors = 0
-
-    def put(self, buf: torch.Tensor, event, device: Optional[int], release_fn) -> None:
-        with self._lock:
-            self.pending += buf.numel()
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="lms-host-release", daemon=True)
-                self._thread.start()
-                atexit.register(self.wait)
-        self._q.put((buf, event, device, release_fn))
-
-    def wait(self) -> None:
-        if threading.current_thread() is not self._thread:  # (a pool's __del__ there)
-            self._q.join()
-
-    def _run(self) -> None:
-        current = None
-        while True:
-            item = self._q.get()
-            nbytes = item[0].numel()
-            try:
-                buf, event, device, release_fn = item
-                item = None
-                if event is not None:
-                    event.synchronize()
-                if device is not None:
-                    if device != current:
-                        # the pool's device, never a context of device 0 created here
-                        torch.cuda.set_device(device)
-                        current = device
-                    if int(torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())) != 0:
-                        self.errors += 1
-                if release_fn is not None:
-                    release_fn(nbytes)
-                del buf  # the last reference to its mapping: the pages go back now
-            except Exception:  # pragma: no cover - a driver error: counted, not raised
-                self.errors += 1
-            finally:
-                buf = item = None
-                with self._lock:
-                    self.pending -= nbytes
-                self._q.task_done()
-
-
-_releaser = _Releaser()
-
-
-def _prefault(buf: torch.Tensor) -> None:
-    """Faults in the pages of a fresh mapping from several threads.
-
-    cudaHostRegister of fresh pages has the kernel fault in and zero each one on the
-    calling thread, at 1-2 GB/s; written first from 8 threads (one byte a 4 KiB page),
-    the same 8.6 GB pinned at 4.1 GB/s in all on the H100 machine (pin_rate.py,
-    results/h100-run75).  Its own threads, not PyTorch's intra-op pool, which torchrun
-    sets to one thread.  Zeros are written: the buffer reads as the kernel gave it."""
-    n = buf.numel()
-    if n < (64 << 20):
-        return
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    k = max(1, min(8, cpus))
-    pages = buf[::4096]
-    step = (pages.numel() + k - 1) // k
-    threads = [threading.Thread(target=pages[a:a + step].zero_, daemon=True)
-               for a in range(step, pages.numel(), step)]
-    for t in threads:
-        t.start()
-    pages[:step].zero_()  # the first share on this thread (PyTorch releases the GIL)
-    for t in threads:
-        t.join()
+    def __init__(self, cid: int, buf: torch.Tensor, step: int) -> None:
+        self.id = cid
+        self.buf = buf
+        self.size = buf.numel()
+        self.starts: Dict[int, int] = {}
+        self.ends: Dict[int, int] = {}
+        self.ranges = 0
+        self.last_step = step
 
 
 class HostPool:
-    """Pool of host buffers of exact byte sizes, pinned with ``cudaHostRegister``.
+    """Pinned host memory for swapped tensors, under a host memory limit.
 
-    ``torch.empty(..., pin_memory=True)`` goes through PyTorch's caching host allocator,
-    which rounds every request up to a power of two and keeps what it got: up to twice
-    the memory for activations.  This pool keeps one free list per exact size (a training
-    step asks for the same sizes every time), allocates ordinary host memory of exactly
-    the requested size and pins it in place.  With ``pin=False`` (CPU-only machines,
-    tests) the buffers are plain host memory and all accounting works the same.
+    The pool pins host memory in chunks (``chunk_bytes``, or one request's size when it
+    is larger) and hands out ranges of them of any size, best fit, merging neighbours
+    when they come back.  A training step does not always swap the same tensors: on the
+    H100 an EfficientNet's first step swapped under pressure late in forward and its
+    second step, by the plan, tensors of other sizes from forward's start; a pool of
+    exact-size free lists pinned about 40 GB more for the second step and gave the
+    first step's buffers back during the timed steps (0.3-0.5 s a step for 8-11 steps).
+    Variable sequence lengths change every size each step.  Ranges carved from the same
+    chunks serve any mix of sizes: the pool grows only when the bytes in use do.  (Not
+    ``torch.empty(..., pin_memory=True)``: PyTorch's caching host allocator rounds every
+    request up to a power of two and keeps what it got, up to twice the memory.)  With
+    ``pin=False`` (CPU-only machines, tests) the chunks are plain host memory and all
+    accounting works the same.
 
-    ``limit`` bounds :attr:`reserved` (bytes held, in use or cached).  Growing past it
-    first releases cached free buffers of other sizes; when that is not enough
+    ``limit`` bounds :attr:`reserved` (bytes pinned, in use or not).  Growing past it
+    first releases chunks nothing is carved from; when that is not enough
     :class:`LMSHostMemoryError` is raised.  The pool also refuses to grow when the
     machine would be left with less than ``min_available`` bytes of available memory.
     ``reserve_fn(n)->bool`` / ``release_fn(n)`` (the allocator's shared accounting on a
-    patched build) are called when buffers are created and destroyed.
+    patched build) are called when chunks are created and destroyed.  A chunk is given
+    back only whole, so free bytes scattered over chunks that still hold a swapped
+    tensor stay pinned; the chunk size bounds that waste per chunk.
 
-    Between training steps (:meth:`end_step`) the pool gives back the cached buffers that
-    none of the last ``keep_steps`` steps handed out: host memory follows need, and what
-    any recent step used stays pinned.  Pinning runs at about 2 GB/s (on the H100
-    machine), and a step's sizes vary: a Llama at 1.5x swapped its 6.6 GiB fp32 logits
-    in two steps of every four; a pool capped at the most one step had in use gave that
-    buffer back and pinned it again every cycle (4 s in a 1.7 s step).  Cached buffers
-    yield to the limit at once: when the eviction net's host copies (``extra_fn``) and
-    what the pool holds exceed it, the next pool operation releases cached buffers,
-    least recently returned first.  The net itself counts only the bytes in use here
-    (``on_change``): the C++ net cannot wait for Python to release cached buffers, so
-    for as long as that takes (until the next allocation or release of a swapped
-    tensor) host memory may exceed the limit by at most the cached bytes; the machine's
-    ``min_available`` floor holds for both at all times.  Buffers given back are
-    unpinned and unmapped on a daemon thread (:class:`_Releaser`); until they are gone
-    they count against the limit and the floor.
+    Between training steps (:meth:`end_step`) the pool gives back the chunks nothing was
+    carved from in the last ``keep_steps`` steps: host memory follows need, and what any
+    recent step used stays pinned.  Pinning runs at 3-4 GB/s (on the H100 machine), and
+    a step's need varies: a Llama at 1.5x swapped its 6.6 GiB fp32 logits in two steps
+    of every four; a pool capped at the most one step had in use gave that memory back
+    and pinned it again every cycle (4 s in a 1.7 s step).  Unused chunks yield to the
+    limit at once: when the eviction net's host copies (``extra_fn``) and what the pool
+    holds exceed it, the next pool operation releases them, least recently used first.
+    The net itself counts only the bytes in use here (``on_change``): the C++ net cannot
+    wait for Python to release chunks, so for as long as that takes (until the next
+    allocation or release of a swapped tensor) host memory may exceed the limit by at
+    most the unused chunks; the machine's ``min_available`` floor holds for both at all
+    times.  Chunks given back are unpinned and unmapped on a daemon thread
+    (:mod:`.pinned`); until they are gone they count against the limit and the floor.
     """
 
     def __init__(
@@ -162,11 +93,14 @@ class HostPool:
         extra_fn=None,
         on_change=None,
         keep_steps: int = 8,
+        chunk_bytes: int = 256 * MiB,
     ) -> None:
         if limit < 0:
             raise ValueError("host pool limit must be >= 0")
         if keep_steps < 1:
             raise ValueError("host pool keep_steps must be >= 1")
+        if chunk_bytes <= 0:
+            raise ValueError("host pool chunk_bytes must be > 0")
         self.limit = int(limit)
         self.pin = bool(pin)
         self.min_available = int(min_available)
@@ -176,15 +110,16 @@ class HostPool:
         self._extra_fn = extra_fn      # host bytes held elsewhere under the same limit
         self._on_change = on_change    # called with `in_use` when it changes
         self.keep_steps = int(keep_steps)
+        self.chunk_bytes = _round_up(chunk_bytes, _PAGE)
         self._step = 0                 # end_step() calls so far
         self._lock = threading.RLock()
-        # nbytes -> deque of (buffer, event or None, key), oldest first; over all sizes,
-        # key -> nbytes in the order the buffers came back, and key -> the step they
-        # came back in (never decreasing along that order)
-        self._free: Dict[int, collections.deque] = {}
-        self._free_order: "collections.OrderedDict[int, int]" = collections.OrderedDict()
-        self._freed_in: Dict[int, int] = {}
-        self._free_bytes = 0
+        self._chunks: Dict[int, _Chunk] = {}
+        # (length, chunk id, start) of every free range, sorted: best fit by bisection,
+        # the oldest chunk first among ranges of one length
+        self._index: List[Tuple[int, int, int]] = []
+        self._live: Dict[int, Tuple[_Chunk, int, int]] = {}  # data_ptr -> chunk, start, length
+        # ranges returned whose last copy may still run: (chunk, start, length, event)
+        self._cooling: "collections.deque" = collections.deque()
         self._pending: List[tuple] = []
         self._busy = False
         self._ids = 0
@@ -197,7 +132,7 @@ class HostPool:
         self.evictions = 0
         self.blocks = 0
         self.pin_seconds = 0.0
-        self._device: Optional[int] = None  # where the buffers were pinned
+        self._device: Optional[int] = None  # where the chunks were pinned
 
     # -- public --------------------------------------------------------------------
     def alloc(self, nbytes: int) -> torch.Tensor:
@@ -205,27 +140,35 @@ class HostPool:
         nbytes = int(nbytes)
         if nbytes <= 0:
             raise ValueError("HostPool.alloc: nbytes must be > 0")
+        need = _round_up(nbytes, _ALIGN)
         with self._lock:
             self._flush()
             with self._deferring_frees():
-                buf = self._take_free(nbytes)
-                if buf is not None:
+                got = self._carve(need)
+                if got is not None:
                     self.hits += 1
                 else:
-                    self._make_room(nbytes)
-                    buf = self._create(nbytes)
+                    self._grow(need)
+                    got = self._carve(need)
+                    assert got is not None, "host pool: a new chunk did not fit"
                     self.misses += 1
+            chunk, start = got
+            buf = chunk.buf[start:start + nbytes]
+            self._live[buf.data_ptr()] = (chunk, start, need)
+            chunk.ranges += 1
+            chunk.last_step = self._step
             self.in_use += nbytes
             self.peak_in_use = max(self.peak_in_use, self.in_use)
             self._changed()
             return buf
 
     def free(self, buf: torch.Tensor, event=None) -> None:
-        """Return ``buf``; it is handed out again once ``event`` (if any) completed.
+        """Return ``buf``; its range is handed out again once ``event`` (if any)
+        completed.
 
         Safe to call from ``__del__`` at any time (also while this thread is inside
         the pool, e.g. when the garbage collector runs): the buffer is queued and
-        taken into the free lists at the next pool operation."""
+        taken back at the next pool operation."""
         self._pending.append((buf, event))  # list.append is atomic
         if self._lock.acquire(blocking=False):
             try:
@@ -234,84 +177,46 @@ class HostPool:
             finally:
                 self._lock.release()
 
-    @contextlib.contextmanager
-    def _deferring_frees(self):
-        """While the free lists change (the lock held): a buffer returned meanwhile,
-        by a ``__del__`` the garbage collector runs on this thread, waits in
-        ``_pending`` for the next flush instead of entering the lists mid-change."""
-        busy, self._busy = self._busy, True
-        try:
-            yield
-        finally:
-            self._busy = busy
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        while self._pending:
-            buf, event = self._pending.pop()
-            nbytes = buf.numel()
-            self.in_use -= nbytes
-            self._ids += 1
-            key = self._ids
-            self._free.setdefault(nbytes, collections.deque()).append((buf, event, key))
-            self._free_order[key] = nbytes
-            self._freed_in[key] = self._step
-            self._free_bytes += nbytes
-        self._changed()
-        self._trim_to_limit()
-
-    def _trim_to_limit(self) -> int:
-        """Releases cached buffers, least recently returned first, while what the pool
-        holds and the host memory held elsewhere under the same limit exceed it."""
-        if self._extra_fn is None:
-            return 0
-        released = 0
-        extra = self._extra_fn()
-        with self._deferring_frees():
-            while self._free_order and self.reserved + extra > self.limit:
-                released += self._evict_key(next(iter(self._free_order)))
-        return released
-
     def empty_cache(self, wait: bool = True) -> int:
-        """Release every cached free buffer (given back once ``wait`` returns); returns
-        the bytes released."""
+        """Release every chunk nothing is carved from (given back once ``wait``
+        returns); returns the bytes released."""
         released = 0
         with self._lock:
             self._flush()
             with self._deferring_frees():
-                for key in list(self._free_order):
-                    released += self._evict_key(key)
+                self._reclaim("wait")
+                for c in self._idle_chunks():
+                    released += self._release_chunk(c)
         if wait:
             _releaser.wait()
         return released
 
     @staticmethod
     def wait_released() -> None:
-        """Returns once every buffer the pools gave back is unpinned and unmapped."""
+        """Returns once every chunk the pools gave back is unpinned and unmapped."""
         _releaser.wait()
 
     def end_step(self) -> int:
-        """Called between training steps: gives back the cached buffers that none of
-        the last ``keep_steps`` steps handed out (a step that swaps nothing holds
-        nothing after ``keep_steps`` more).  Returns the bytes released."""
+        """Called between training steps: gives back the chunks nothing was carved from
+        in the last ``keep_steps`` steps (a step that swaps nothing holds nothing after
+        ``keep_steps`` more).  Returns the bytes released."""
         released = 0
         with self._lock:
             self._flush()
             self._step += 1
-            oldest = self._step - self.keep_steps  # buffers back before that step go
+            oldest = self._step - self.keep_steps  # chunks last used before that step go
             with self._deferring_frees():
-                while self._free_order:
-                    key = next(iter(self._free_order))
-                    if self._freed_in[key] >= oldest:
+                self._reclaim("poll")
+                for c in self._idle_chunks():
+                    if c.last_step >= oldest:
                         break
-                    released += self._evict_key(key)
+                    released += self._release_chunk(c)
             released += self._trim_to_limit()
         return released
 
     def __del__(self) -> None:
-        # unpin what the pool still holds: registered pages handed back to malloc
-        # would make a later cudaHostRegister of the same pages fail
+        # unpin what the pool still holds: pages unmapped while registered would make
+        # a later cudaHostRegister of a mapping at the same address fail
         try:
             self.empty_cache(wait=False)
         except Exception:
@@ -319,10 +224,11 @@ class HostPool:
 
     @property
     def cached(self) -> int:
+        """Bytes pinned and not holding a swapped tensor."""
         with self._lock:
             if not self._busy:
                 self._flush()
-            return self._free_bytes
+            return self.reserved - self.in_use
 
     def stats(self) -> Dict[str, int]:
         with self._lock:
@@ -332,10 +238,12 @@ class HostPool:
                 "host.limit_bytes": self.limit,
                 "host.reserved_bytes": self.reserved,
                 "host.in_use_bytes": self.in_use,
-                "host.cached_bytes": self._free_bytes,
+                "host.cached_bytes": self.reserved - self.in_use,
                 "host.peak_in_use_bytes": self.peak_in_use,
                 "host.peak_reserved_bytes": self.peak_reserved,
                 "host.blocks": self.blocks,
+                "host.free_ranges": len(self._index),
+                "host.largest_free_bytes": self._index[-1][0] if self._index else 0,
                 "host.pool_hits": self.hits,
                 "host.pool_misses": self.misses,
                 "host.evictions": self.evictions,
@@ -349,50 +257,137 @@ class HostPool:
             self.peak_in_use = self.in_use
             self.peak_reserved = self.reserved
 
-    # -- internals -----------------------------------------------------------------
-    def _take_free(self, nbytes: int) -> Optional[torch.Tensor]:
-        q = self._free.get(nbytes)
-        if not q:
-            return None
-        # the most recently returned buffer whose last copy has finished: steps reuse
-        # the same buffers, and those a step no longer needs age out (end_step)
-        pick = None
-        for i in range(len(q) - 1, -1, -1):
-            ev = q[i][1]
-            if ev is None or ev.query():
-                pick = i
-                break
-        if pick is None:
-            pick = 0
-            q[0][1].synchronize()
-        buf, _ev, key = q[pick]
-        del q[pick]
-        if not q:
-            del self._free[nbytes]
-        del self._free_order[key]
-        del self._freed_in[key]
-        self._free_bytes -= nbytes
-        return buf
+    # -- returned buffers --------------------------------------------------------------
+    @contextlib.contextmanager
+    def _deferring_frees(self):
+        """While the ranges change (the lock held): a buffer returned meanwhile, by a
+        ``__del__`` the garbage collector runs on this thread, waits in ``_pending``
+        for the next flush instead of entering the ranges mid-change."""
+        busy, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = busy
 
-    def _evict_key(self, key: int) -> int:
-        nbytes = self._free_order.pop(key)
-        del self._freed_in[key]
-        q = self._free[nbytes]
-        for i, (buf, ev, k) in enumerate(q):
-            if k == key:
-                del q[i]
-                break
-        else:  # pragma: no cover - internal invariant
-            raise AssertionError("host pool free list out of sync")
-        if not q:
-            del self._free[nbytes]
-        self._free_bytes -= nbytes
-        self.reserved -= nbytes
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        with self._deferring_frees():
+            while self._pending:
+                buf, event = self._pending.pop()
+                ent = self._live.pop(buf.data_ptr(), None)
+                if ent is None:  # pragma: no cover - not a buffer of this pool
+                    continue
+                chunk, start, length = ent
+                self.in_use -= buf.numel()
+                chunk.last_step = self._step
+                self._cooling.append((chunk, start, length, event))
+            self._reclaim("front")
+        self._changed()
+        self._trim_to_limit()
+
+    def _reclaim(self, how: str) -> None:
+        """Makes returned ranges free again once their last copy finished: ``"front"``
+        those at the head of the queue, ``"poll"`` all that finished, ``"wait"`` all
+        (waiting for their copies)."""
+        q = self._cooling
+        if how == "front":
+            while q and (q[0][3] is None or q[0][3].query()):
+                self._put_back(*q.popleft()[:3])
+            return
+        keep = collections.deque()
+        while q:
+            chunk, start, length, ev = q.popleft()
+            if ev is not None and how == "poll" and not ev.query():
+                keep.append((chunk, start, length, ev))
+                continue
+            if ev is not None and how == "wait":
+                ev.synchronize()
+            self._put_back(chunk, start, length)
+        self._cooling = keep
+
+    # -- ranges --------------------------------------------------------------------
+    def _carve(self, need: int) -> Optional[Tuple[_Chunk, int]]:
+        """The best-fitting free range of at least ``need`` bytes, split off; before
+        giving up, the ranges still waiting for their copies (waited for, last)."""
+        got = self._best_fit(need)
+        if got is None and self._cooling:
+            self._reclaim("poll")
+            got = self._best_fit(need)
+            if got is None and self._cooling:
+                self._reclaim("wait")
+                got = self._best_fit(need)
+        return got
+
+    def _best_fit(self, need: int) -> Optional[Tuple[_Chunk, int]]:
+        i = bisect.bisect_left(self._index, (need, -1, -1))
+        if i == len(self._index):
+            return None
+        length, cid, start = self._index.pop(i)
+        chunk = self._chunks[cid]
+        del chunk.starts[start]
+        del chunk.ends[start + length]
+        if length > need:  # the rest stays free (its right neighbour is in use)
+            self._add_free(chunk, start + need, length - need)
+        return chunk, start
+
+    def _add_free(self, chunk: _Chunk, start: int, length: int) -> None:
+        chunk.starts[start] = length
+        chunk.ends[start + length] = start
+        bisect.insort(self._index, (length, chunk.id, start))
+
+    def _drop_free(self, chunk: _Chunk, start: int) -> int:
+        length = chunk.starts.pop(start)
+        del chunk.ends[start + length]
+        key = (length, chunk.id, start)
+        i = bisect.bisect_left(self._index, key)
+        assert self._index[i] == key, "host pool free index out of sync"
+        del self._index[i]
+        return length
+
+    def _put_back(self, chunk: _Chunk, start: int, length: int) -> None:
+        """A returned range is free: merged with free neighbours."""
+        prev = chunk.ends.get(start)
+        if prev is not None:
+            length += self._drop_free(chunk, prev)
+            start = prev
+        if start + length in chunk.starts:
+            length += self._drop_free(chunk, start + length)
+        self._add_free(chunk, start, length)
+        chunk.ranges -= 1
+
+    # -- chunks --------------------------------------------------------------------
+    def _idle_chunks(self) -> List[_Chunk]:
+        """Chunks nothing is carved from, least recently used first."""
+        return sorted((c for c in self._chunks.values() if c.ranges == 0),
+                      key=lambda c: (c.last_step, c.id))
+
+    def _release_chunk(self, chunk: _Chunk) -> int:
+        self._drop_free(chunk, 0)
+        del self._chunks[chunk.id]
+        self.reserved -= chunk.size
         self.blocks -= 1
         self.evictions += 1
-        _releaser.put(buf, ev, self._device if self.pin else None, self._release_fn)
+        _releaser.put(chunk.buf, None, self._device if self.pin else None,
+                      self._release_fn)
         self._changed()
-        return nbytes
+        return chunk.size
+
+    def _trim_to_limit(self) -> int:
+        """Releases idle chunks, least recently used first, while what the pool holds and
+        the host memory held elsewhere under the same limit exceed it."""
+        if self._extra_fn is None:
+            return 0
+        extra = self._extra_fn()
+        if self.reserved + extra <= self.limit:
+            return 0
+        released = 0
+        with self._deferring_frees():
+            for c in self._idle_chunks():
+                if self.reserved + extra <= self.limit:
+                    break
+                released += self._release_chunk(c)
+        return released
 
     def _held(self) -> int:
         """Bytes held under the limit: the pool's, and those it gave back that are not
@@ -400,14 +395,47 @@ class HostPool:
         return self.reserved + _releaser.pending
 
     def _give_way(self) -> bool:
-        """Makes host room: releases the least recently returned cached buffer, else
-        waits for the buffers being given back.  False when there is neither."""
-        if self._free_order:
-            self._evict_key(next(iter(self._free_order)))
+        """Makes host room: releases the least recently used idle chunk, else frees the
+        ranges waiting for their copies, else waits for the chunks being given back.
+        False when there is none of these."""
+        idle = self._idle_chunks()
+        if idle:
+            self._release_chunk(idle[0])
+        elif self._cooling:
+            self._reclaim("wait")
         elif _releaser.pending:
             _releaser.wait()
         else:
             return False
+        return True
+
+    def _grow(self, need: int) -> None:
+        """A new chunk for a request of ``need`` bytes that no free range fits: of
+        ``chunk_bytes`` (whole huge pages for a larger request), or of the request's
+        size alone when the limits leave no room for more."""
+        want = _round_up(max(_round_up(need, _HUGE), self.chunk_bytes), _PAGE)
+        exact = _round_up(need, _PAGE)
+        if not self._fits_now(want):  # never release chunks for room beyond the need
+            want = exact
+        try:
+            self._make_room(want)
+        except LMSHostMemoryError:
+            if want == exact:
+                raise
+            want = exact
+            self._make_room(want)
+        self._create(want)
+
+    def _fits_now(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit under the limit and the machine's floor as things
+        are, nothing released."""
+        extra = self._extra_fn() if self._extra_fn is not None else 0
+        if self._held() + extra + nbytes > self.limit:
+            return False
+        if self.min_available > 0 and self._available_fn is not None:
+            avail = self._available_fn()
+            if avail is not None and avail - nbytes < self.min_available:
+                return False
         return True
 
     def _make_room(self, nbytes: int) -> None:
@@ -447,50 +475,37 @@ class HostPool:
                         f"{ENV_HOST_LIMIT} (MiB) or lower the batch size."
                     )
 
-    def _create(self, nbytes: int) -> torch.Tensor:
-        # Each buffer is its own anonymous mapping: destroying it gives the pages back to
-        # the kernel at once (heap memory would stay in the process), and whole pages
-        # belong to this buffer only (cudaHostRegister fails on a page registered twice).
-        length = (nbytes + _PAGE - 1) // _PAGE * _PAGE
+    def _create(self, length: int) -> None:
+        """Maps (and pins) a chunk of ``length`` bytes, a multiple of the page size, its
+        room already made; the whole chunk is one free range."""
+        t0 = time.perf_counter()
         try:
+            if self.pin and self._device is None:
+                self._device = torch.cuda.current_device()
             try:
-                mem = mmap.mmap(-1, length)
+                buf = map_host(length, self.pin)
             except (OSError, ValueError) as e:
                 raise LMSHostMemoryError(
-                    f"LMS: cannot map {_fmt(nbytes)} of host memory for swap space ({e}); "
+                    f"LMS: cannot map {_fmt(length)} of host memory for swap space ({e}); "
                     f"{_fmt(self.reserved)} already held") from None
-            if self.pin and hasattr(mem, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-                # 2 MiB pages where the kernel has them: fewer pages to fault in and pin
-                try:
-                    mem.madvise(mmap.MADV_HUGEPAGE)
-                except OSError:
-                    pass
-            buf = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes)
-            if self.pin:
-                t0 = time.perf_counter()
-                _prefault(buf)
-                if self._device is None:
-                    self._device = torch.cuda.current_device()
-                rt = torch.cuda.cudart()
-                err = rt.cudaHostRegister(buf.data_ptr(), length, 0)
-                self.pin_seconds += time.perf_counter() - t0
-                if int(err) != 0:
-                    clear = getattr(rt, "cudaGetLastError", None)
-                    if clear is not None:
-                        clear()
-                    raise LMSHostMemoryError(
-                        f"LMS: cudaHostRegister of {_fmt(nbytes)} failed (error "
-                        f"{int(err)}); {_fmt(self.reserved)} already pinned for swapping."
-                    )
+            except RuntimeError as e:
+                raise LMSHostMemoryError(
+                    f"LMS: pinning {_fmt(length)} of host memory failed ({e}); "
+                    f"{_fmt(self.reserved)} already pinned for swapping.") from None
         except BaseException:
             if self._reserve_fn is not None and self._release_fn is not None:
-                self._release_fn(nbytes)
+                self._release_fn(length)
             raise
-        self.reserved += nbytes
+        if self.pin:
+            self.pin_seconds += time.perf_counter() - t0
+        self._ids += 1
+        chunk = _Chunk(self._ids, buf, self._step)
+        self._chunks[chunk.id] = chunk
+        self._add_free(chunk, 0, length)
+        self.reserved += length
         self.blocks += 1
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         self._changed()
-        return buf
 
     def _changed(self) -> None:
         if self._on_change is not None:
