@@ -92,6 +92,100 @@ def test_pool_serves_other_sizes_from_what_it_pinned(m):
     assert pool.stats()["host.free_ranges"] == 1
 
 
+def test_pool_pieces_span_chunks(m):
+    """A request larger than every free range is served from several ranges (of other
+    chunks) instead of pinning a chunk of its own; the bytes round-trip in order."""
+    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
+    bufs = [pool.alloc(3 * MiB) for _ in range(4)]      # 4 chunks, 1 MiB left in each
+    for b in bufs:
+        pool.free(b)
+    assert pool.stats()["host.free_ranges"] == 4 and pool.misses == 4
+    pieces = pool.alloc_pieces(14 * MiB + 5)
+    assert [p.numel() for p in pieces] == [4 * MiB] * 3 + [2 * MiB + 5]
+    assert pool.misses == 4 and pool.reserved == 16 * MiB  # nothing new pinned
+    assert pool.in_use == 14 * MiB + 5
+    src = torch.randint(0, 256, (14 * MiB + 5,), dtype=torch.uint8)
+    m.swapper._copy_into_pieces(pieces, src, non_blocking=False)
+    back = torch.empty_like(src)
+    m.swapper._copy_from_pieces(back, pieces, non_blocking=False)
+    assert torch.equal(back, src)
+    one = pool.alloc_pieces(MiB)                         # fits one range: one piece
+    assert len(one) == 1 and pool.misses == 4
+    for p in pieces + one:
+        pool.free(p)
+    s = pool.stats()
+    assert s["host.in_use_bytes"] == 0 and s["host.free_ranges"] == 4
+    assert s["host.largest_free_bytes"] == 4 * MiB
+
+
+def test_pool_pieces_grow_only_by_what_is_missing(m):
+    """Free ranges under 2 MiB are not used as pieces; what the free ranges lack comes
+    from one new chunk; a request that cannot be served leaves the pool as it was."""
+    gc.collect()                                         # earlier tests' pools go, and
+    m.HostPool.wait_released()                           # count no longer (shared thread)
+    pool = m.HostPool(limit=24 * MiB, pin=False, chunk_bytes=8 * MiB)
+    a = pool.alloc(7 * MiB)                              # chunk 1: 1 MiB left
+    b = pool.alloc(5 * MiB)                              # chunk 2: 3 MiB left
+    pieces = pool.alloc_pieces(6 * MiB)                  # 3 MiB of chunk 2 + 3 MiB new
+    assert [p.numel() for p in pieces] == [3 * MiB, 3 * MiB]
+    assert pool.misses == 3 and pool.reserved == 24 * MiB
+    before = pool.stats()
+    with pytest.raises(m.LMSHostMemoryError):
+        pool.alloc_pieces(9 * MiB)                       # 1 + 5 MiB free: not enough
+    after = pool.stats()
+    for k in ("host.in_use_bytes", "host.reserved_bytes", "host.free_ranges",
+              "host.largest_free_bytes"):
+        assert after[k] == before[k], k
+    for p in pieces + [a, b]:
+        pool.free(p)
+    assert pool.in_use == 0 and pool.stats()["host.free_ranges"] == 3
+
+
+def test_steps_that_swap_other_sizes_reuse_the_pool(m):
+    """A first step that swaps many small tensors, then steps that swap a few large
+    ones (an EfficientNet's reactive first step, then its plan): the large ones are
+    served in pieces from the first step's chunks."""
+    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
+    small = [pool.alloc(MiB + 4096 * i) for i in range(24)]
+    for b in small:
+        pool.free(b)
+    pool.end_step()
+    reserved, misses = pool.reserved, pool.misses        # 32 MiB in 8 chunks
+    for _ in range(10):
+        big = [p for _ in range(3) for p in pool.alloc_pieces(7 * MiB)]
+        for p in big:
+            pool.free(p)
+        pool.end_step()
+    assert pool.misses == misses                         # nothing pinned again
+    assert pool.reserved == 24 * MiB < reserved          # the 2 chunks not used went back
+
+
+def test_swapped_tensors_split_into_pieces_round_trip_bitwise(m):
+    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=2 * MiB)
+    for b in [pool.alloc(2 * MiB) for _ in range(32)]:   # 32 chunks of 2 MiB, all free
+        pool.free(b)
+    sw = cpu_swapper(m, pool=pool)
+
+    def train(ctx):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024))
+        x = torch.randn(768, 1024, generator=torch.Generator().manual_seed(1))  # 3 MiB
+        out = []
+        for _ in range(2):
+            model.zero_grad()
+            with ctx():
+                loss = model(x).square().mean()
+            loss.backward()
+            out += [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+        return out
+
+    _equal(train(contextlib.nullcontext), train(lambda: sw))
+    s = sw.stats()
+    assert s["swap.out_count"] >= 4 and s["swap.in_bytes"] == s["swap.out_bytes"]
+    assert s["host.pool_misses"] == 32 and s["host.reserved_bytes"] == 64 * MiB
+    assert s["host.in_use_bytes"] == 0
+
+
 def test_pool_limit_releases_idle_chunks_then_raises(m):
     pool = m.HostPool(limit=3 * MiB, pin=False)
     a = pool.alloc(2 * MiB)  # a chunk of 256 MiB does not fit the limit: one of 2 MiB

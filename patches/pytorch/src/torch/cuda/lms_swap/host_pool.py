@@ -17,6 +17,7 @@ from .pinned import _PAGE, _releaser, map_host
 
 _ALIGN = 4096       # every range starts on a 4 KiB boundary
 _HUGE = 2 * MiB     # chunks are whole huge pages where the kernel has them
+_MIN_PIECE = 2 * MiB  # a tensor is not split into pieces smaller than this
 
 
 def _round_up(n: int, a: int) -> int:
@@ -45,17 +46,19 @@ class HostPool:
 
     The pool pins host memory in chunks (``chunk_bytes``, or one request's size when it
     is larger) and hands out ranges of them of any size, best fit, merging neighbours
-    when they come back.  A training step does not always swap the same tensors: on the
-    H100 an EfficientNet's first step swapped under pressure late in forward and its
-    second step, by the plan, tensors of other sizes from forward's start; a pool of
-    exact-size free lists pinned about 40 GB more for the second step and gave the
-    first step's buffers back during the timed steps (0.3-0.5 s a step for 8-11 steps).
-    Variable sequence lengths change every size each step.  Ranges carved from the same
-    chunks serve any mix of sizes: the pool grows only when the bytes in use do.  (Not
-    ``torch.empty(..., pin_memory=True)``: PyTorch's caching host allocator rounds every
-    request up to a power of two and keeps what it got, up to twice the memory.)  With
-    ``pin=False`` (CPU-only machines, tests) the chunks are plain host memory and all
-    accounting works the same.
+    when they come back; :meth:`alloc_pieces` serves one tensor from several ranges
+    when no single one is large enough.  A training step does not always swap the same
+    tensors: on the H100 an EfficientNet's first step swapped under pressure late in
+    forward (186 tensors of 0.2 GB on average) and its second step, by the plan, 27
+    activations of 1.4 GB from forward's start; pools of exact-size buffers, and then
+    of ranges that could not span chunks, pinned 41 GB more for the second step and
+    gave the first step's memory back during the timed steps (0.3-0.5 s a step for
+    8-11 steps).  Variable sequence lengths change every size each step.  With pieces
+    any mix of sizes is served from what was pinned: the pool grows only when the bytes
+    in use do.  (Not ``torch.empty(..., pin_memory=True)``: PyTorch's caching host
+    allocator rounds every request up to a power of two and keeps what it got, up to
+    twice the memory.)  With ``pin=False`` (CPU-only machines, tests) the chunks are
+    plain host memory and all accounting works the same.
 
     ``limit`` bounds :attr:`reserved` (bytes pinned, in use or not).  Growing past it
     first releases chunks nothing is carved from; when that is not enough
@@ -136,7 +139,8 @@ class HostPool:
 
     # -- public --------------------------------------------------------------------
     def alloc(self, nbytes: int) -> torch.Tensor:
-        """A uint8 host tensor of exactly ``nbytes`` bytes (pinned when ``pin``)."""
+        """A uint8 host tensor of exactly ``nbytes`` bytes (pinned when ``pin``), one
+        range of one chunk."""
         nbytes = int(nbytes)
         if nbytes <= 0:
             raise ValueError("HostPool.alloc: nbytes must be > 0")
@@ -152,15 +156,53 @@ class HostPool:
                     got = self._carve(need)
                     assert got is not None, "host pool: a new chunk did not fit"
                     self.misses += 1
-            chunk, start = got
-            buf = chunk.buf[start:start + nbytes]
-            self._live[buf.data_ptr()] = (chunk, start, need)
-            chunk.ranges += 1
-            chunk.last_step = self._step
-            self.in_use += nbytes
-            self.peak_in_use = max(self.peak_in_use, self.in_use)
+            buf = self._hand_out(got[0], got[1], need, nbytes)
             self._changed()
             return buf
+
+    def alloc_pieces(self, nbytes: int) -> List[torch.Tensor]:
+        """Host tensors (uint8, pinned when ``pin``) whose sizes add up to ``nbytes``:
+        one range where one fits, else the largest free ranges and what a last range or
+        a new chunk adds.  A tensor swapped in pieces needs no range of its own size:
+        an EfficientNet's planned swaps of 1.4 GB activations found only the 256 MiB
+        chunks its first step had pinned for smaller ones, and the pool pinned 40 GB
+        more.  Pieces are at least 2 MiB (one copy each)."""
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise ValueError("HostPool.alloc_pieces: nbytes must be > 0")
+        need = _round_up(nbytes, _ALIGN)
+        taken: List[Tuple[_Chunk, int, int]] = []
+        with self._lock:
+            self._flush()
+            with self._deferring_frees():
+                misses = self.misses
+                try:
+                    left = need
+                    got = self._carve(left)  # (waits for cooling ranges before failing)
+                    while got is None:
+                        largest = self._index[-1][0] if self._index else 0
+                        if largest >= _MIN_PIECE:
+                            got = self._best_fit(largest)  # the whole largest range
+                            taken.append((got[0], got[1], largest))
+                            left -= largest
+                        else:
+                            self._grow(left)
+                            self.misses += 1
+                        got = self._best_fit(left)
+                    taken.append((got[0], got[1], left))
+                except BaseException:
+                    for chunk, start, length in taken:  # nothing was handed out
+                        self._put_back(chunk, start, length)
+                    raise
+                if self.misses == misses:
+                    self.hits += 1
+            pieces, off = [], 0
+            for chunk, start, length in taken:
+                n = min(length, nbytes - off)
+                pieces.append(self._hand_out(chunk, start, length, n))
+                off += n
+            self._changed()
+            return pieces
 
     def free(self, buf: torch.Tensor, event=None) -> None:
         """Return ``buf``; its range is handed out again once ``event`` (if any)
@@ -257,6 +299,15 @@ class HostPool:
             self.peak_in_use = self.in_use
             self.peak_reserved = self.reserved
 
+    def _hand_out(self, chunk: _Chunk, start: int, length: int, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of a range carved by :meth:`_best_fit`, as a tensor."""
+        buf = chunk.buf[start:start + nbytes]
+        self._live[buf.data_ptr()] = (chunk, start, length)
+        chunk.last_step = self._step
+        self.in_use += nbytes
+        self.peak_in_use = max(self.peak_in_use, self.in_use)
+        return buf
+
     # -- returned buffers --------------------------------------------------------------
     @contextlib.contextmanager
     def _deferring_frees(self):
@@ -320,6 +371,8 @@ class HostPool:
         return got
 
     def _best_fit(self, need: int) -> Optional[Tuple[_Chunk, int]]:
+        """Carves ``need`` bytes from the smallest free range that has them (the chunk
+        then counts the range as handed out: it is not idle)."""
         i = bisect.bisect_left(self._index, (need, -1, -1))
         if i == len(self._index):
             return None
@@ -329,6 +382,7 @@ class HostPool:
         del chunk.ends[start + length]
         if length > need:  # the rest stays free (its right neighbour is in use)
             self._add_free(chunk, start + need, length - need)
+        chunk.ranges += 1
         return chunk, start
 
     def _add_free(self, chunk: _Chunk, start: int, length: int) -> None:

@@ -20,9 +20,10 @@ class _Swapped:
     )
 
     @classmethod
-    def of(cls, owner: Any, t: torch.Tensor, nbytes: int, host: Optional[torch.Tensor] = None,
-           slot: Any = None) -> "_Swapped":
-        """The handle of ``t``: swapped to ``host``, or kept on the device in ``slot``."""
+    def of(cls, owner: Any, t: torch.Tensor, nbytes: int,
+           host: Optional[List[torch.Tensor]] = None, slot: Any = None) -> "_Swapped":
+        """The handle of ``t``: swapped to ``host`` (the pool's pieces that hold its
+        bytes, in order), or kept on the device in ``slot``."""
         h = cls()
         h.owner = owner  # from here on, dropping h returns the host buffer
         h.host, h.slot = host, slot

@@ -358,17 +358,17 @@ class ActivationSwapper(_StepForecast):
 
     def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
                   wait: bool = True) -> Optional[_Swapped]:
-        host = self.pool.alloc(nbytes)  # may raise LMSHostMemoryError
-        h = _Swapped.of(self, t, nbytes, host=host)
+        pieces = self.pool.alloc_pieces(nbytes)  # may raise LMSHostMemoryError
+        h = _Swapped.of(self, t, nbytes, host=pieces)
         src = t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
         if st.index is None:
-            host.copy_(src)
+            _copy_into_pieces(pieces, src, non_blocking=False)
             h.d2h_event = None
         else:
             cur = torch.cuda.current_stream(t.device)
             st.d2h.wait_stream(cur)
             with torch.cuda.stream(st.d2h):
-                host.copy_(src, non_blocking=True)
+                _copy_into_pieces(pieces, src, non_blocking=True)
                 ev = torch.cuda.Event()
                 ev.record(st.d2h)
             # the caching allocator must not reuse t's memory before the copy ran
@@ -468,7 +468,7 @@ class ActivationSwapper(_StepForecast):
     def _fetch(self, st: _DevState, h: _Swapped) -> torch.Tensor:
         if st.index is None:
             dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
-            dst.as_strided((dst.numel(),), (1,), 0).view(torch.uint8).copy_(h.host)
+            _copy_from_pieces(_flat_bytes(dst), h.host, non_blocking=False)
             h.gpu = dst
             self.c["in_count"] += 1
             self.c["in_bytes"] += h.nbytes
@@ -486,10 +486,9 @@ class ActivationSwapper(_StepForecast):
             st.h2d.wait_event(h.d2h_event)
         # a slot the net evicted: its bytes are in pageable memory, and the net's copy
         # had finished before it freed the device memory
-        src = h.host if h.slot is None else h.slot.host_bytes()
+        src = h.host if h.slot is None else [h.slot.host_bytes()]
         with torch.cuda.stream(st.h2d):
-            dst.as_strided((dst.numel(),), (1,), 0).view(torch.uint8).copy_(
-                src, non_blocking=True)
+            _copy_from_pieces(_flat_bytes(dst), src, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(st.h2d)
         # No dst.record_stream(st.h2d): the stream dst was allocated on waits for the
@@ -554,4 +553,30 @@ class ActivationSwapper(_StepForecast):
             h.gpu_stream.wait_event(h.h2d_event)
         h.gpu = None
         if self._pool is not None and host is not None:
-            self._pool.free(host, ev)  # safe from any thread, never blocks
+            for piece in host:
+                self._pool.free(piece, ev)  # safe from any thread, never blocks
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a freshly allocated tensor's storage, as one flat uint8 tensor."""
+    return t.as_strided((t.numel(),), (1,), 0).view(torch.uint8)
+
+
+def _copy_into_pieces(pieces: List[torch.Tensor], src: torch.Tensor,
+                      non_blocking: bool) -> None:
+    """Copies the flat bytes ``src`` into the host pieces, in order."""
+    off = 0
+    for p in pieces:
+        n = p.numel()
+        p.copy_(src[off:off + n], non_blocking=non_blocking)
+        off += n
+
+
+def _copy_from_pieces(dst: torch.Tensor, pieces: List[torch.Tensor],
+                      non_blocking: bool) -> None:
+    """Copies the host pieces, in order, into the flat bytes ``dst``."""
+    off = 0
+    for p in pieces:
+        n = p.numel()
+        dst[off:off + n].copy_(p, non_blocking=non_blocking)
+        off += n
