@@ -185,7 +185,8 @@ def child(args):
 
         def record(kind, t0):
             rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),
-                   "peak_alloc": torch.cuda.max_memory_allocated()}
+                   "peak_alloc": torch.cuda.max_memory_allocated(),
+                   "rss_hwm": peak_rss()}  # the step in which host memory peaked
             rec.update(policy_counters())
             per_step.append(rec)
             print("STEP " + json.dumps(rec), flush=True)
