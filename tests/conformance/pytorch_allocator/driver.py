@@ -31,6 +31,8 @@ class Lib:
         p.probe_add_one.argtypes = [U64, U64, U64, I]
         p.probe_record_stream.argtypes = [U64, I]
         p.probe_spin.argtypes = [ctypes.c_longlong, I]
+        p.probe_foreign_start.argtypes = [U64, U64, I]
+        p.probe_foreign_stop.restype = ctypes.c_longlong
         p.probe_error.restype = ctypes.c_char_p
         p.probe_settings.argtypes = [ctypes.c_char_p]
         p.probe_device_total.restype = U64
@@ -362,6 +364,39 @@ def sc_multistream(L, limit_mb="1024", rounds="6", spin="200000000"):
         L.free(y)
     L.p.probe_sync()
     return dict(mismatches_x=bad, mismatches_y=bad_y, lms=L.lms())
+
+
+def sc_foreign(L, limit_mb="1024", seconds="60", passes="64", mb="128"):
+    """A host thread the allocator knows nothing of increments a block on a stream of its own
+    while pressure makes LMS move that block's pages out and back. Every word must end as
+    its pattern plus the increments the thread completed."""
+    L.settings(f"lms:True,lms_limit_mb:{limit_mb}")
+    n = int(mb) * MiB
+    x, _, m = L.alloc(n)
+    assert x, m
+    L.fill(x, n, 77)
+    L.p.probe_sync()
+    assert L.p.probe_foreign_start(x, n, int(passes)) == 0
+    before = L.lms()
+    t0, rounds, big = time.time(), 0, int(limit_mb) * MiB // 2
+    while time.time() - t0 < float(seconds):
+        held = []
+        for i in range(3):              # 1.5x the limit: the oldest blocks, x first, go out
+            z, _, m = L.alloc(big, 2)
+            assert z, m
+            L.fill(z, big, 1000 + i, 2)
+            held.append(z)
+        for z in held:                  # freed: x's pages come back for the next round
+            L.free(z)
+        rounds += 1
+    done = L.p.probe_foreign_stop()
+    L.p.probe_sync()
+    after = L.lms()
+    bad = L.p.probe_check_add(x, n, 77, max(done, 0) & 0xFFFFFFFF, -1) if done >= 0 else -1
+    L.free(x)
+    return dict(increments=done, mismatches=bad, rounds=rounds,
+                swapped_out=after.get("swap_out_bytes", 0) - before.get("swap_out_bytes", 0),
+                swapped_in=after.get("swap_in_bytes", 0) - before.get("swap_in_bytes", 0), lms=after)
 
 
 def sc_sanitize(L):

@@ -8,9 +8,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 // private c10 hook that libtorch_cuda normally calls (c10/cuda/CUDAFunctions.cpp)
@@ -48,6 +50,23 @@ __global__ void spin_kernel(long long cycles) {
   long long t0 = clock64();
   while (clock64() - t0 < cycles) {}
 }
+
+// x[i] += 1, `passes` times over the block: a read-modify-write the allocator is not told about
+__global__ void increment_kernel(uint32_t* p, size_t n, int passes) {
+  for (int r = 0; r < passes; ++r) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+      p[i] += 1;
+  }
+}
+
+// A host thread of its own that launches kernels on a stream of its own, created with the CUDA
+// runtime (neither the allocator's pool nor record_stream knows it), reading and writing a block
+// until it is told to stop: how a user's side thread, NCCL or TensorFlow's executor threads touch
+// memory. It waits for each kernel before the next, so it stops with nothing queued.
+static std::thread g_foreign;
+static std::atomic<bool> g_foreign_stop{false};
+static std::atomic<long long> g_foreign_passes{0};
+static std::atomic<int> g_foreign_error{0};
 
 static cudaStream_t stream_of(int id) {
   if (id < 0) return c10::cuda::getCurrentCUDAStream(0).stream();
@@ -148,6 +167,35 @@ int probe_wait(int waiter, int waitee) {
 }
 
 int probe_sync() { return (int)cudaDeviceSynchronize(); }
+
+// starts the foreign thread on [p, p + nbytes): kernels of `passes` increments each
+int probe_foreign_start(unsigned long long p, unsigned long long nbytes, int passes) {
+  if (g_foreign.joinable()) return -1;
+  g_foreign_stop = false;
+  g_foreign_passes = 0;
+  g_foreign_error = 0;
+  g_foreign = std::thread([p, nbytes, passes] {
+    cudaSetDevice(0);
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) { g_foreign_error = 1; return; }
+    while (!g_foreign_stop.load()) {
+      increment_kernel<<<1024, 256, 0, s>>>((uint32_t*)p, nbytes / 4, passes);
+      cudaError_t e = cudaStreamSynchronize(s);
+      if (e != cudaSuccess) { g_foreign_error = (int)e; break; }
+      g_foreign_passes += passes;
+    }
+    cudaStreamDestroy(s);
+  });
+  return 0;
+}
+
+// stops the foreign thread; the increments it completed, or -(CUDA error) when one failed
+long long probe_foreign_stop() {
+  g_foreign_stop = true;
+  if (g_foreign.joinable()) g_foreign.join();
+  int e = g_foreign_error.load();
+  return e ? -(long long)e : g_foreign_passes.load();
+}
 
 int probe_empty_cache() {
   try { A::emptyCache(); return 0; } catch (const std::exception& e) { g_err = e.what(); return -1; }

@@ -239,6 +239,21 @@ def test_multistream_record_stream(work):
     assert r["mismatches_x"] == 0 and r["mismatches_y"] == 0
 
 
+def test_foreign_stream_writer_while_lms_moves_pages(work):
+    """The safety rule: no page a queued or running kernel may touch is moved. A host thread
+    of its own increments a block on a stream the allocator was never told about, for a
+    minute, while pressure spills and returns that block's pages; every word must hold its
+    pattern plus exactly the increments that thread completed."""
+    p, r = drive(work, "foreign", "seconds=60", timeout=300)
+    r = _need(p, r)
+    SUMMARY["foreign_stream"] = dict(increments=r["increments"], mismatches=r["mismatches"],
+                                     rounds=r["rounds"], swapped_out=r["swapped_out"],
+                                     swapped_in=r["swapped_in"])
+    assert r["swapped_out"] > 0 and r["swapped_in"] > 0   # the block's pages did move
+    assert r["increments"] > 0, "the foreign thread's kernels failed"
+    assert r["mismatches"] == 0
+
+
 def test_lms_off_is_upstream(work):
     p1, a = drive(work, "sequence", "lms=0", which="pristine")
     p2, b = drive(work, "sequence", "lms=0", which="lms")
