@@ -33,6 +33,25 @@ __global__ void CheckKernel(const uint32_t* w, size_t n, uint32_t seed,
   if (local) atomicAdd(bad, local);
 }
 
+__global__ void CheckAddKernel(const uint32_t* w, size_t n, uint32_t seed,
+                               uint32_t add, unsigned long long* bad) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    local += w[i] != Pattern(seed, i) + add;
+  }
+  if (local) atomicAdd(bad, local);
+}
+
+__global__ void IncrementKernel(uint32_t* w, size_t n, int passes) {
+  for (int r = 0; r < passes; ++r) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+      w[i] += 1;
+    }
+  }
+}
+
 void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
@@ -62,4 +81,48 @@ extern "C" size_t lms_test_count_mismatches(const void* p, size_t bytes,
   unsigned long long h = 0;
   Check(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost), "CheckKernel");
   return static_cast<size_t>(h);
+}
+
+extern "C" size_t lms_test_count_mismatches_add(const void* p, size_t bytes,
+                                                uint32_t seed, uint32_t add) {
+  const size_t n = bytes / 4;
+  if (n == 0) return 0;
+  static unsigned long long* bad = nullptr;
+  if (bad == nullptr) Check(cudaMalloc(&bad, sizeof(*bad)), "cudaMalloc");
+  Check(cudaMemset(bad, 0, sizeof(*bad)), "cudaMemset");
+  CheckAddKernel<<<512, 256>>>(static_cast<const uint32_t*>(p), n, seed, add,
+                               bad);
+  Check(cudaGetLastError(), "CheckAddKernel launch");
+  unsigned long long h = 0;
+  Check(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost),
+        "CheckAddKernel");
+  return static_cast<size_t>(h);
+}
+
+extern "C" void* lms_test_stream_create() {
+  cudaStream_t s;
+  Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  return s;
+}
+
+extern "C" void lms_test_stream_destroy(void* stream) {
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+// Launches `passes` increments of every word on the shared stream and waits
+// for that kernel alone (an event), as an executor thread waits for its op.
+extern "C" int lms_test_increment_and_wait(void* p, size_t bytes, int passes,
+                                           void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  IncrementKernel<<<512, 256, 0, s>>>(static_cast<uint32_t*>(p), bytes / 4,
+                                      passes);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return static_cast<int>(e);
+  cudaEvent_t ev;
+  e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  cudaEventRecord(ev, s);
+  e = cudaEventSynchronize(ev);
+  cudaEventDestroy(ev);
+  return static_cast<int>(e);
 }

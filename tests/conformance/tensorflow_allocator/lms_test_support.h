@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorflow/tsl/framework/allocator.h"
 #include "tensorflow/tsl/framework/lms_sub_allocator.h"
@@ -35,6 +36,25 @@ std::unique_ptr<tsl::SubAllocator> VmmSubAllocator(size_t va_bytes);
 // the device: on CUDA by kernels reading/writing the pointer.
 void Fill(void* p, size_t bytes, uint32_t seed);
 size_t CountMismatches(const void* p, size_t bytes, uint32_t seed);
+// Words that differ from the pattern plus `add` (after `add` increments).
+size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
+                          uint32_t add);
+
+// TensorFlow's executor pattern: one host thread per block, each adding 1 to
+// every word of its block, pass after pass, until Stop(); the allocator is not
+// told (CPU: plain writes; CUDA: kernels on one compute stream shared by all
+// the threads, each thread waiting for its kernel before the next).
+class Writers {
+ public:
+  Writers(const std::vector<void*>& blocks, size_t bytes);
+  ~Writers();
+  // Stops the threads between passes; the passes each completed.
+  std::vector<uint64_t> Stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace lms_test
 

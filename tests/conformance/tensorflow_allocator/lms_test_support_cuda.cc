@@ -1,4 +1,6 @@
+#include <atomic>
 #include <cstdlib>
+#include <thread>
 
 #include "lms_test_support.h"
 #include "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h"
@@ -8,6 +10,12 @@
 extern "C" void lms_test_fill(void* p, size_t bytes, uint32_t seed);
 extern "C" size_t lms_test_count_mismatches(const void* p, size_t bytes,
                                             uint32_t seed);
+extern "C" size_t lms_test_count_mismatches_add(const void* p, size_t bytes,
+                                                uint32_t seed, uint32_t add);
+extern "C" void* lms_test_stream_create();
+extern "C" void lms_test_stream_destroy(void* stream);
+extern "C" int lms_test_increment_and_wait(void* p, size_t bytes, int passes,
+                                           void* stream);
 
 namespace lms_test {
 namespace {
@@ -82,5 +90,54 @@ void Fill(void* p, size_t bytes, uint32_t seed) {
 size_t CountMismatches(const void* p, size_t bytes, uint32_t seed) {
   return lms_test_count_mismatches(p, bytes, seed);
 }
+
+size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
+                          uint32_t add) {
+  return lms_test_count_mismatches_add(p, bytes, seed, add);
+}
+
+struct Writers::Impl {
+  std::atomic<bool> stop{false};
+  std::vector<std::atomic<uint64_t>> passes;
+  std::vector<std::thread> threads;
+  void* stream = nullptr;  // the one compute stream, as TensorFlow's executor
+  explicit Impl(size_t n) : passes(n) {
+    for (auto& c : passes) c.store(0);
+  }
+};
+
+constexpr int kPassesPerKernel = 4;
+
+Writers::Writers(const std::vector<void*>& blocks, size_t bytes)
+    : impl_(new Impl(blocks.size())) {
+  PrimaryContext();
+  impl_->stream = lms_test_stream_create();
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    impl_->threads.emplace_back([this, b, p = blocks[b], bytes] {
+      cuCtxSetCurrent(PrimaryContext());
+      while (!impl_->stop.load()) {
+        CHECK_EQ(lms_test_increment_and_wait(p, bytes, kPassesPerKernel,
+                                             impl_->stream),
+                 0);
+        impl_->passes[b] += kPassesPerKernel;
+      }
+    });
+  }
+}
+
+std::vector<uint64_t> Writers::Stop() {
+  impl_->stop = true;
+  for (auto& t : impl_->threads)
+    if (t.joinable()) t.join();
+  if (impl_->stream != nullptr) {
+    lms_test_stream_destroy(impl_->stream);
+    impl_->stream = nullptr;
+  }
+  std::vector<uint64_t> out;
+  for (auto& n : impl_->passes) out.push_back(n.load());
+  return out;
+}
+
+Writers::~Writers() { Stop(); }
 
 }  // namespace lms_test
