@@ -141,24 +141,7 @@ class HostPool:
     def alloc(self, nbytes: int) -> torch.Tensor:
         """A uint8 host tensor of exactly ``nbytes`` bytes (pinned when ``pin``), one
         range of one chunk."""
-        nbytes = int(nbytes)
-        if nbytes <= 0:
-            raise ValueError("HostPool.alloc: nbytes must be > 0")
-        need = _round_up(nbytes, _ALIGN)
-        with self._lock:
-            self._flush()
-            with self._deferring_frees():
-                got = self._carve(need)
-                if got is not None:
-                    self.hits += 1
-                else:
-                    self._grow(need)
-                    got = self._carve(need)
-                    assert got is not None, "host pool: a new chunk did not fit"
-                    self.misses += 1
-            buf = self._hand_out(got[0], got[1], need, nbytes)
-            self._changed()
-            return buf
+        return self._take(nbytes, split=False)[0]
 
     def alloc_pieces(self, nbytes: int) -> List[torch.Tensor]:
         """Host tensors (uint8, pinned when ``pin``) whose sizes add up to ``nbytes``:
@@ -167,42 +150,7 @@ class HostPool:
         an EfficientNet's planned swaps of 1.4 GB activations found only the 256 MiB
         chunks its first step had pinned for smaller ones, and the pool pinned 40 GB
         more.  Pieces are at least 2 MiB (one copy each)."""
-        nbytes = int(nbytes)
-        if nbytes <= 0:
-            raise ValueError("HostPool.alloc_pieces: nbytes must be > 0")
-        need = _round_up(nbytes, _ALIGN)
-        taken: List[Tuple[_Chunk, int, int]] = []
-        with self._lock:
-            self._flush()
-            with self._deferring_frees():
-                misses = self.misses
-                try:
-                    left = need
-                    got = self._carve(left)  # (waits for cooling ranges before failing)
-                    while got is None:
-                        largest = self._index[-1][0] if self._index else 0
-                        if largest >= _MIN_PIECE:
-                            got = self._best_fit(largest)  # the whole largest range
-                            taken.append((got[0], got[1], largest))
-                            left -= largest
-                        else:
-                            self._grow(left)
-                            self.misses += 1
-                        got = self._best_fit(left)
-                    taken.append((got[0], got[1], left))
-                except BaseException:
-                    for chunk, start, length in taken:  # nothing was handed out
-                        self._put_back(chunk, start, length)
-                    raise
-                if self.misses == misses:
-                    self.hits += 1
-            pieces, off = [], 0
-            for chunk, start, length in taken:
-                n = min(length, nbytes - off)
-                pieces.append(self._hand_out(chunk, start, length, n))
-                off += n
-            self._changed()
-            return pieces
+        return self._take(nbytes, split=True)
 
     def free(self, buf: torch.Tensor, event=None) -> None:
         """Return ``buf``; its range is handed out again once ``event`` (if any)
@@ -299,15 +247,6 @@ class HostPool:
             self.peak_in_use = self.in_use
             self.peak_reserved = self.reserved
 
-    def _hand_out(self, chunk: _Chunk, start: int, length: int, nbytes: int) -> torch.Tensor:
-        """The first ``nbytes`` of a range carved by :meth:`_best_fit`, as a tensor."""
-        buf = chunk.buf[start:start + nbytes]
-        self._live[buf.data_ptr()] = (chunk, start, length)
-        chunk.last_step = self._step
-        self.in_use += nbytes
-        self.peak_in_use = max(self.peak_in_use, self.in_use)
-        return buf
-
     # -- returned buffers --------------------------------------------------------------
     @contextlib.contextmanager
     def _deferring_frees(self):
@@ -358,6 +297,56 @@ class HostPool:
         self._cooling = keep
 
     # -- ranges --------------------------------------------------------------------
+    def _take(self, nbytes: int, split: bool) -> List[torch.Tensor]:
+        """Ranges that hold ``nbytes``, handed out as tensors: the best-fitting one, else
+        (``split``) the largest free ranges of at least 2 MiB first; what they lack
+        comes from a new chunk.  A request that fails leaves every range as it was."""
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise ValueError("HostPool.alloc: nbytes must be > 0")
+        need = _round_up(nbytes, _ALIGN)
+        taken: List[Tuple[_Chunk, int, int]] = []
+        with self._lock:
+            self._flush()
+            with self._deferring_frees():
+                misses = self.misses
+                try:
+                    left = need
+                    got = self._carve(left)  # (waits for cooling ranges before failing)
+                    while got is None:
+                        largest = self._index[-1][0] if self._index else 0
+                        if split and largest >= _MIN_PIECE:
+                            got = self._best_fit(largest)  # the whole largest range
+                            taken.append((got[0], got[1], largest))
+                            left -= largest
+                        else:
+                            self._grow(left)
+                            self.misses += 1
+                        got = self._best_fit(left)
+                    taken.append((got[0], got[1], left))
+                except BaseException:
+                    for chunk, start, length in taken:  # nothing was handed out
+                        self._put_back(chunk, start, length)
+                    raise
+                if self.misses == misses:
+                    self.hits += 1
+            bufs, off = [], 0
+            for chunk, start, length in taken:
+                n = min(length, nbytes - off)
+                bufs.append(self._hand_out(chunk, start, length, n))
+                off += n
+            self._changed()
+            return bufs
+
+    def _hand_out(self, chunk: _Chunk, start: int, length: int, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of a range carved by :meth:`_best_fit`, as a tensor."""
+        buf = chunk.buf[start:start + nbytes]
+        self._live[buf.data_ptr()] = (chunk, start, length)
+        chunk.last_step = self._step
+        self.in_use += nbytes
+        self.peak_in_use = max(self.peak_in_use, self.in_use)
+        return buf
+
     def _carve(self, need: int) -> Optional[Tuple[_Chunk, int]]:
         """The best-fitting free range of at least ``need`` bytes, split off; before
         giving up, the ranges still waiting for their copies (waited for, last)."""
@@ -376,10 +365,9 @@ class HostPool:
         i = bisect.bisect_left(self._index, (need, -1, -1))
         if i == len(self._index):
             return None
-        length, cid, start = self._index.pop(i)
+        _length, cid, start = self._index[i]
         chunk = self._chunks[cid]
-        del chunk.starts[start]
-        del chunk.ends[start + length]
+        length = self._drop_free(chunk, start)
         if length > need:  # the rest stays free (its right neighbour is in use)
             self._add_free(chunk, start + need, length - need)
         chunk.ranges += 1
@@ -480,22 +468,28 @@ class HostPool:
             self._make_room(want)
         self._create(want)
 
+    def _over_limit(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more would exceed our limit (shared with the eviction net's
+        host copies)."""
+        extra = self._extra_fn() if self._extra_fn is not None else 0
+        return self._held() + extra + nbytes > self.limit
+
+    def _machine_available(self) -> Optional[int]:
+        """The machine's available memory, where the pool keeps a floor under it."""
+        if self.min_available > 0 and self._available_fn is not None:
+            return self._available_fn()
+        return None
+
     def _fits_now(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit under the limit and the machine's floor as things
         are, nothing released."""
-        extra = self._extra_fn() if self._extra_fn is not None else 0
-        if self._held() + extra + nbytes > self.limit:
-            return False
-        if self.min_available > 0 and self._available_fn is not None:
-            avail = self._available_fn()
-            if avail is not None and avail - nbytes < self.min_available:
-                return False
-        return True
+        avail = self._machine_available()
+        return not self._over_limit(nbytes) and (
+            avail is None or avail - nbytes >= self.min_available)
 
     def _make_room(self, nbytes: int) -> None:
         # 1. our own limit (shared with the eviction net's host copies)
-        extra = self._extra_fn() if self._extra_fn is not None else 0
-        while self._held() + extra + nbytes > self.limit:
+        while self._over_limit(nbytes):
             if not self._give_way():
                 raise LMSHostMemoryError(
                     f"LMS: host swap space exhausted: {_fmt(nbytes)} more would exceed "
@@ -505,19 +499,18 @@ class HostPool:
                     f"torch.utils.checkpoint."
                 )
         # 2. the machine
-        if self.min_available > 0 and self._available_fn is not None:
-            avail = self._available_fn()
-            while avail is not None and avail - nbytes < self.min_available:
-                if not self._give_way():
-                    raise LMSHostMemoryError(
-                        f"LMS: host memory nearly exhausted: {_fmt(nbytes)} more swap "
-                        f"space would leave {_fmt(avail - nbytes)} available on this "
-                        f"machine (keeping at least {_fmt(self.min_available)} free so the "
-                        f"OOM killer does not end the process); {_fmt(self.in_use)} in use "
-                        f"by swapped tensors, limit {_fmt(self.limit)}. Lower the batch "
-                        f"size or free host memory."
-                    )
-                avail = self._available_fn()
+        avail = self._machine_available()
+        while avail is not None and avail - nbytes < self.min_available:
+            if not self._give_way():
+                raise LMSHostMemoryError(
+                    f"LMS: host memory nearly exhausted: {_fmt(nbytes)} more swap "
+                    f"space would leave {_fmt(avail - nbytes)} available on this "
+                    f"machine (keeping at least {_fmt(self.min_available)} free so the "
+                    f"OOM killer does not end the process); {_fmt(self.in_use)} in use "
+                    f"by swapped tensors, limit {_fmt(self.limit)}. Lower the batch "
+                    f"size or free host memory."
+                )
+            avail = self._machine_available()
         # 3. the allocator's shared budget (patched build)
         if self._reserve_fn is not None:
             while not self._reserve_fn(nbytes):

@@ -360,7 +360,7 @@ class ActivationSwapper(_StepForecast):
                   wait: bool = True) -> Optional[_Swapped]:
         pieces = self.pool.alloc_pieces(nbytes)  # may raise LMSHostMemoryError
         h = _Swapped.of(self, t, nbytes, host=pieces)
-        src = t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
+        src = _flat_bytes(t)
         if st.index is None:
             _copy_into_pieces(pieces, src, non_blocking=False)
             h.d2h_event = None
@@ -558,8 +558,10 @@ class ActivationSwapper(_StepForecast):
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of a freshly allocated tensor's storage, as one flat uint8 tensor."""
-    return t.as_strided((t.numel(),), (1,), 0).view(torch.uint8)
+    """The bytes of a tensor whose elements fill their span of its storage densely
+    (:func:`_dense_span`: contiguous in some order of dimensions), as one flat uint8
+    tensor, in storage order."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
 
 
 def _copy_into_pieces(pieces: List[torch.Tensor], src: torch.Tensor,
