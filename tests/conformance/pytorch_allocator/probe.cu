@@ -51,18 +51,10 @@ __global__ void spin_kernel(long long cycles) {
   while (clock64() - t0 < cycles) {}
 }
 
-// x[i] += 1, `passes` times over the block: a read-modify-write the allocator is not told about
-__global__ void increment_kernel(uint32_t* p, size_t n, int passes) {
-  for (int r = 0; r < passes; ++r) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-      p[i] += 1;
-  }
-}
-
 // A host thread of its own that launches kernels on a stream of its own, created with the CUDA
 // runtime (neither the allocator's pool nor record_stream knows it), reading and writing a block
 // until it is told to stop: how a user's side thread, NCCL or TensorFlow's executor threads touch
-// memory. It waits for each kernel before the next, so it stops with nothing queued.
+// memory. It waits for each batch of kernels before the next, so it stops with nothing queued.
 static std::thread g_foreign;
 static std::atomic<bool> g_foreign_stop{false};
 static std::atomic<long long> g_foreign_passes{0};
@@ -168,7 +160,8 @@ int probe_wait(int waiter, int waitee) {
 
 int probe_sync() { return (int)cudaDeviceSynchronize(); }
 
-// starts the foreign thread on [p, p + nbytes): kernels of `passes` increments each
+// starts the foreign thread on [p, p + nbytes): `passes` in-place add_one kernels (a read-modify-write
+// the allocator is not told about), then a wait, again and again
 int probe_foreign_start(unsigned long long p, unsigned long long nbytes, int passes) {
   if (g_foreign.joinable()) return -1;
   g_foreign_stop = false;
@@ -179,7 +172,8 @@ int probe_foreign_start(unsigned long long p, unsigned long long nbytes, int pas
     cudaStream_t s;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) { g_foreign_error = 1; return; }
     while (!g_foreign_stop.load()) {
-      increment_kernel<<<1024, 256, 0, s>>>((uint32_t*)p, nbytes / 4, passes);
+      for (int r = 0; r < passes; ++r)
+        add_one_kernel<<<1024, 256, 0, s>>>((const uint32_t*)p, (uint32_t*)p, nbytes / 4);
       cudaError_t e = cudaStreamSynchronize(s);
       if (e != cudaSuccess) { g_foreign_error = (int)e; break; }
       g_foreign_passes += passes;

@@ -23,18 +23,10 @@ __global__ void FillKernel(uint32_t* w, size_t n, uint32_t seed) {
   }
 }
 
+// Counts the words that differ from the pattern plus `add` (after `add`
+// increments).
 __global__ void CheckKernel(const uint32_t* w, size_t n, uint32_t seed,
-                            unsigned long long* bad) {
-  unsigned long long local = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    local += w[i] != Pattern(seed, i);
-  }
-  if (local) atomicAdd(bad, local);
-}
-
-__global__ void CheckAddKernel(const uint32_t* w, size_t n, uint32_t seed,
-                               uint32_t add, unsigned long long* bad) {
+                            uint32_t add, unsigned long long* bad) {
   unsigned long long local = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -69,19 +61,6 @@ extern "C" void lms_test_fill(void* p, size_t bytes, uint32_t seed) {
   Check(cudaDeviceSynchronize(), "FillKernel");
 }
 
-extern "C" size_t lms_test_count_mismatches(const void* p, size_t bytes,
-                                            uint32_t seed) {
-  const size_t n = bytes / 4;
-  if (n == 0) return 0;
-  static unsigned long long* bad = nullptr;
-  if (bad == nullptr) Check(cudaMalloc(&bad, sizeof(*bad)), "cudaMalloc");
-  Check(cudaMemset(bad, 0, sizeof(*bad)), "cudaMemset");
-  CheckKernel<<<512, 256>>>(static_cast<const uint32_t*>(p), n, seed, bad);
-  Check(cudaGetLastError(), "CheckKernel launch");
-  unsigned long long h = 0;
-  Check(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost), "CheckKernel");
-  return static_cast<size_t>(h);
-}
 
 extern "C" size_t lms_test_count_mismatches_add(const void* p, size_t bytes,
                                                 uint32_t seed, uint32_t add) {
@@ -90,12 +69,11 @@ extern "C" size_t lms_test_count_mismatches_add(const void* p, size_t bytes,
   static unsigned long long* bad = nullptr;
   if (bad == nullptr) Check(cudaMalloc(&bad, sizeof(*bad)), "cudaMalloc");
   Check(cudaMemset(bad, 0, sizeof(*bad)), "cudaMemset");
-  CheckAddKernel<<<512, 256>>>(static_cast<const uint32_t*>(p), n, seed, add,
-                               bad);
-  Check(cudaGetLastError(), "CheckAddKernel launch");
+  CheckKernel<<<512, 256>>>(static_cast<const uint32_t*>(p), n, seed, add,
+                            bad);
+  Check(cudaGetLastError(), "CheckKernel launch");
   unsigned long long h = 0;
-  Check(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost),
-        "CheckAddKernel");
+  Check(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost), "CheckKernel");
   return static_cast<size_t>(h);
 }
 

@@ -8,10 +8,12 @@
 #ifndef LMS_TEST_SUPPORT_H_
 #define LMS_TEST_SUPPORT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensorflow/tsl/framework/allocator.h"
@@ -35,25 +37,55 @@ std::unique_ptr<tsl::SubAllocator> VmmSubAllocator(size_t va_bytes);
 // Writes/checks a pattern (32-bit words derived from seed and index) through
 // the device: on CUDA by kernels reading/writing the pointer.
 void Fill(void* p, size_t bytes, uint32_t seed);
-size_t CountMismatches(const void* p, size_t bytes, uint32_t seed);
 // Words that differ from the pattern plus `add` (after `add` increments).
 size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
                           uint32_t add);
+inline size_t CountMismatches(const void* p, size_t bytes, uint32_t seed) {
+  return CountMismatchesAdd(p, bytes, seed, 0);
+}
+
+// The backends' part of Writers: what the writer threads share (CUDA: the one
+// compute stream; CPU: nothing), and one round of +1 passes over every word of
+// a block, finished before it returns (CPU: plain writes; CUDA: a kernel on the
+// shared stream, waited for); AddPasses returns the passes it made.
+void* WritersBegin();
+void WritersEnd(void* shared);
+int AddPasses(void* shared, void* p, size_t bytes);
 
 // TensorFlow's executor pattern: one host thread per block, each adding 1 to
-// every word of its block, pass after pass, until Stop(); the allocator is not
-// told (CPU: plain writes; CUDA: kernels on one compute stream shared by all
-// the threads, each thread waiting for its kernel before the next).
+// every word of its block, round after round, until Stop(); the allocator is
+// not told.
 class Writers {
  public:
-  Writers(const std::vector<void*>& blocks, size_t bytes);
-  ~Writers();
-  // Stops the threads between passes; the passes each completed.
-  std::vector<uint64_t> Stop();
+  Writers(const std::vector<void*>& blocks, size_t bytes)
+      : shared_(WritersBegin()), passes_(blocks.size()) {
+    for (auto& c : passes_) c.store(0);
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      threads_.emplace_back([this, b, p = blocks[b], bytes] {
+        while (!stop_.load()) passes_[b] += AddPasses(shared_, p, bytes);
+      });
+    }
+  }
+  ~Writers() { Stop(); }
+  // Stops the threads between rounds; the passes each completed.
+  std::vector<uint64_t> Stop() {
+    stop_ = true;
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    if (shared_ != nullptr) {
+      WritersEnd(shared_);
+      shared_ = nullptr;
+    }
+    std::vector<uint64_t> out;
+    for (auto& n : passes_) out.push_back(n.load());
+    return out;
+  }
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  void* shared_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::atomic<uint64_t>> passes_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace lms_test

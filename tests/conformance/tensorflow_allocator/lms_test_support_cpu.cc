@@ -1,8 +1,6 @@
 #include <sys/mman.h>
 
-#include <atomic>
 #include <cstdlib>
-#include <thread>
 
 #include "lms_test_support.h"
 
@@ -62,13 +60,6 @@ void Fill(void* p, size_t bytes, uint32_t seed) {
   for (size_t i = 0; i < bytes / 4; ++i) w[i] = Pattern(seed, i);
 }
 
-size_t CountMismatches(const void* p, size_t bytes, uint32_t seed) {
-  const uint32_t* w = static_cast<const uint32_t*>(p);
-  size_t bad = 0;
-  for (size_t i = 0; i < bytes / 4; ++i) bad += w[i] != Pattern(seed, i);
-  return bad;
-}
-
 size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
                           uint32_t add) {
   const uint32_t* w = static_cast<const uint32_t*>(p);
@@ -77,37 +68,14 @@ size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
   return bad;
 }
 
-struct Writers::Impl {
-  std::atomic<bool> stop{false};
-  std::vector<std::atomic<uint64_t>> passes;
-  std::vector<std::thread> threads;
-  explicit Impl(size_t n) : passes(n) {
-    for (auto& c : passes) c.store(0);
-  }
-};
+void* WritersBegin() { return nullptr; }
 
-Writers::Writers(const std::vector<void*>& blocks, size_t bytes)
-    : impl_(new Impl(blocks.size())) {
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    impl_->threads.emplace_back([this, b, p = blocks[b], bytes] {
-      volatile uint32_t* w = static_cast<volatile uint32_t*>(p);
-      while (!impl_->stop.load()) {
-        for (size_t i = 0; i < bytes / 4; ++i) w[i] = w[i] + 1;
-        impl_->passes[b] += 1;
-      }
-    });
-  }
+void WritersEnd(void*) {}
+
+int AddPasses(void*, void* p, size_t bytes) {
+  volatile uint32_t* w = static_cast<volatile uint32_t*>(p);
+  for (size_t i = 0; i < bytes / 4; ++i) w[i] = w[i] + 1;
+  return 1;
 }
-
-std::vector<uint64_t> Writers::Stop() {
-  impl_->stop = true;
-  for (auto& t : impl_->threads)
-    if (t.joinable()) t.join();
-  std::vector<uint64_t> out;
-  for (auto& n : impl_->passes) out.push_back(n.load());
-  return out;
-}
-
-Writers::~Writers() { Stop(); }
 
 }  // namespace lms_test

@@ -1,6 +1,4 @@
-#include <atomic>
 #include <cstdlib>
-#include <thread>
 
 #include "lms_test_support.h"
 #include "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h"
@@ -8,8 +6,6 @@
 #include "third_party/gpus/cuda/include/cuda.h"
 
 extern "C" void lms_test_fill(void* p, size_t bytes, uint32_t seed);
-extern "C" size_t lms_test_count_mismatches(const void* p, size_t bytes,
-                                            uint32_t seed);
 extern "C" size_t lms_test_count_mismatches_add(const void* p, size_t bytes,
                                                 uint32_t seed, uint32_t add);
 extern "C" void* lms_test_stream_create();
@@ -87,57 +83,24 @@ void Fill(void* p, size_t bytes, uint32_t seed) {
   lms_test_fill(p, bytes, seed);
 }
 
-size_t CountMismatches(const void* p, size_t bytes, uint32_t seed) {
-  return lms_test_count_mismatches(p, bytes, seed);
-}
-
 size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
                           uint32_t add) {
   return lms_test_count_mismatches_add(p, bytes, seed, add);
 }
 
-struct Writers::Impl {
-  std::atomic<bool> stop{false};
-  std::vector<std::atomic<uint64_t>> passes;
-  std::vector<std::thread> threads;
-  void* stream = nullptr;  // the one compute stream, as TensorFlow's executor
-  explicit Impl(size_t n) : passes(n) {
-    for (auto& c : passes) c.store(0);
-  }
-};
-
-constexpr int kPassesPerKernel = 4;
-
-Writers::Writers(const std::vector<void*>& blocks, size_t bytes)
-    : impl_(new Impl(blocks.size())) {
+// the one compute stream the writer threads share, as TensorFlow's executor
+void* WritersBegin() {
   PrimaryContext();
-  impl_->stream = lms_test_stream_create();
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    impl_->threads.emplace_back([this, b, p = blocks[b], bytes] {
-      cuCtxSetCurrent(PrimaryContext());
-      while (!impl_->stop.load()) {
-        CHECK_EQ(lms_test_increment_and_wait(p, bytes, kPassesPerKernel,
-                                             impl_->stream),
-                 0);
-        impl_->passes[b] += kPassesPerKernel;
-      }
-    });
-  }
+  return lms_test_stream_create();
 }
 
-std::vector<uint64_t> Writers::Stop() {
-  impl_->stop = true;
-  for (auto& t : impl_->threads)
-    if (t.joinable()) t.join();
-  if (impl_->stream != nullptr) {
-    lms_test_stream_destroy(impl_->stream);
-    impl_->stream = nullptr;
-  }
-  std::vector<uint64_t> out;
-  for (auto& n : impl_->passes) out.push_back(n.load());
-  return out;
-}
+void WritersEnd(void* stream) { lms_test_stream_destroy(stream); }
 
-Writers::~Writers() { Stop(); }
+int AddPasses(void* stream, void* p, size_t bytes) {
+  constexpr int kPassesPerKernel = 4;
+  cuCtxSetCurrent(PrimaryContext());
+  CHECK_EQ(lms_test_increment_and_wait(p, bytes, kPassesPerKernel, stream), 0);
+  return kPassesPerKernel;
+}
 
 }  // namespace lms_test
