@@ -73,6 +73,23 @@ def test_upstream_bfc_test_adaptation_keeps_every_test(upstream_tree):
     assert "lms_test::VmmSubAllocator" in adapted
 
 
+def test_an_object_is_recompiled_when_a_header_it_includes_changes(tmp_path):
+    """The build's up-to-date check covers the headers an object's last compilation read,
+    not only its source and command (a changed test-support header once left a stale
+    object that no longer linked)."""
+    _require_toolchain()
+    (tmp_path / "a.h").write_text("inline int f() { return 1; }\n")
+    src = tmp_path / "a.cc"
+    src.write_text('#include "a.h"\nint g() { return f(); }\n')
+    obj = tmp_path / "a.o"
+    job = ([find_tool("g++"), "-c", str(src), "-o", str(obj)], src, obj)
+    assert tab._compile(job) == "compiled a.cc"
+    assert tab._compile(job) == "up to date a.o"
+    (tmp_path / "a.h").write_text("inline int f() { return 2; }\n")
+    assert tab._compile(job) == "compiled a.cc"
+    assert tab._compile(job) == "up to date a.o"
+
+
 def test_allocator_conformance_cpu(tree, tmp_path):
     """Upstream BFC tests + LMS conformance, built from the LMS tree only."""
     _require_toolchain()

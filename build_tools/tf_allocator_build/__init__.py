@@ -191,14 +191,36 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
         raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd[:3])} ... {cmd[-1]}")
 
 
+def _dependencies(deps: Path) -> list[Path]:
+    """The headers a make-style dependency file (``-MMD -MF``) lists."""
+    if not deps.exists():
+        return []
+    words = deps.read_text().replace("\\\n", " ").split()
+    return [Path(w) for w in words[2:]]  # after "obj.o:" and the source itself
+
+
+def _compile_key(cmd: list[str], src: Path, deps: Path) -> str:
+    """What an object depends on: its command, its source and the headers its last
+    compilation read (a changed header recompiles every object that includes it)."""
+    h = hashlib.sha256((" ".join(cmd)).encode() + src.read_bytes())
+    for dep in _dependencies(deps):
+        h.update(str(dep).encode())
+        h.update(dep.read_bytes() if dep.exists() else b"(gone)")
+    return h.hexdigest()
+
+
 def _compile(job: tuple[list[str], Path, Path]) -> str:
     cmd, src, obj = job
-    key = hashlib.sha256((" ".join(cmd)).encode() + src.read_bytes()).hexdigest()
+    # nvcc's own dependency options differ; the .cu sources include no header of ours
+    tracked = Path(cmd[0]).name != "nvcc"
+    deps = obj.with_suffix(".d")
     stamp = obj.with_suffix(".stamp")
-    if obj.exists() and stamp.exists() and stamp.read_text() == key:
+    if (obj.exists() and stamp.exists() and (deps.exists() or not tracked)
+            and stamp.read_text() == _compile_key(cmd, src, deps)):
         return f"up to date {obj.name}"
-    _run(cmd)
-    stamp.write_text(key)
+    deps.unlink(missing_ok=True)
+    _run([*cmd, "-MMD", "-MF", str(deps)] if tracked else cmd)
+    stamp.write_text(_compile_key(cmd, src, deps))
     return f"compiled {src.name}"
 
 
