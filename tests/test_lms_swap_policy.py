@@ -766,14 +766,97 @@ def test_pool_limit_counts_bytes_still_being_given_back(m):
     assert pool.stats()["host.releasing_bytes"] == 0 and pool.reserved == 8 * MiB
 
 
-def test_the_net_is_told_the_bytes_in_use_not_the_cache(m):
+class NetSide:
+    """The eviction net's side of the pool's offers, as lms_swap_guard.cpp keeps it
+    (offer / withdraw / take_discarded under one lock); ``give_back`` is what the net
+    does when its copies would go over the host limit.  (The C++ side itself runs on a
+    GPU: tests/conformance/lms_swap/test_lms_swap_guard.py.)"""
+
+    def __init__(self):
+        self.offers = {}
+        self.discarded = []
+
+    def offer(self, cid, ptr, size, device):
+        assert cid not in self.offers and size > 0 and ptr and device == -1
+        self.offers[cid] = size
+
+    def withdraw(self, cid):
+        return self.offers.pop(cid, None) is not None
+
+    def take_discarded(self):
+        out, self.discarded = self.discarded, []
+        return out
+
+    def give_back(self, nbytes, tell=True):
+        """Gives back offered chunks, oldest first, until ``nbytes`` are freed."""
+        freed = 0
+        for cid in list(self.offers):
+            if freed >= nbytes:
+                break
+            freed += self.offers.pop(cid)
+            if tell:
+                self.discarded.append(cid)
+        return freed
+
+
+def test_the_net_is_told_every_byte_the_pool_holds(m):
     seen = []
     pool = m.HostPool(limit=1 << 40, pin=False, on_change=seen.append, chunk_bytes=4 * MiB)
     b = pool.alloc(4 * MiB)
     assert seen[-1] == 4 * MiB
     pool.free(b)
     pool.cached                                       # the free is taken in
-    assert seen[-1] == 0 and pool.reserved == 4 * MiB
+    assert seen[-1] == 4 * MiB == pool.reserved       # idle, still held
+
+
+def test_idle_chunks_are_the_nets_to_give_back(m):
+    """A chunk nothing is carved from is offered to the net; the pool withdraws the offer
+    before it carves from the chunk; a chunk the net gave back leaves the pool's books at
+    its next operation and is never handed out again."""
+    net, seen = NetSide(), []
+    pool = m.HostPool(limit=1 << 40, pin=False, net=net, on_change=seen.append,
+                      chunk_bytes=4 * MiB)
+    a, b = pool.alloc(4 * MiB), pool.alloc(4 * MiB)
+    assert net.offers == {}                           # carved: not offered
+    pool.free(a)
+    pool.free(b)
+    pool.cached
+    assert len(net.offers) == 2
+    ptrs = {a.data_ptr(), b.data_ptr()}
+    del a, b
+    c = pool.alloc(4 * MiB)                           # reuses one: its offer withdrawn
+    assert len(net.offers) == 1 and pool.misses == 2 and c.data_ptr() in ptrs
+    assert net.give_back(1) == 4 * MiB                # the net needed room
+    d = pool.alloc(4 * MiB)                           # books first: a new mapping
+    st = pool.stats()
+    assert st["host.net_discards"] == 1 and pool.misses == 3
+    assert pool.reserved == 8 * MiB == seen[-1] and pool.in_use == 8 * MiB
+    pool.free(c)
+    pool.free(d)
+    del c, d
+    assert pool.empty_cache() == 8 * MiB and net.offers == {} and pool.reserved == 0
+
+
+def test_a_chunk_given_back_unseen_is_dropped_when_the_pool_reaches_for_it(m):
+    """The net may give a chunk back after the pool last asked: withdrawing then fails,
+    and the pool drops the chunk instead of carving from it or releasing it again."""
+    net = NetSide()
+    pool = m.HostPool(limit=1 << 40, pin=False, net=net, keep_steps=1, chunk_bytes=4 * MiB)
+    a = pool.alloc(4 * MiB)
+    pool.free(a)
+    del a
+    pool.cached
+    net.give_back(1, tell=False)
+    b = pool.alloc(1 * MiB)
+    assert pool.stats()["host.net_discards"] == 1 and pool.misses == 2
+    assert pool.reserved == 4 * MiB
+    pool.free(b)
+    del b
+    pool.cached
+    net.give_back(1, tell=False)
+    pool.end_step()
+    assert pool.end_step() == 4 * MiB and pool.reserved == 0
+    assert pool.stats()["host.net_discards"] == 2 and pool.stats()["host.releasing_bytes"] == 0
 
 
 def test_pool_reuses_its_hot_buffers_and_lets_the_rest_age_out(m):

@@ -62,6 +62,20 @@ def probe() -> None:
             dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize()
         rates[name + "_gbps"] = round(3 * n / (time.perf_counter() - t0) / 1e9, 1)
+    # both ways at once, on two streams: forward's copies out and backward's copies in
+    # overlap at step boundaries, and every rank's share the host's memory
+    dev2 = torch.empty(n, dtype=torch.uint8, device="cuda")
+    host2 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for s, dst, src in ((streams[0], host, dev), (streams[1], dev2, host2)):
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    rates["both_ways_gbps_each"] = round(3 * n / (time.perf_counter() - t0) / 1e9, 1)
     print("RESULT " + json.dumps({"rank": dist.get_rank(), **rates}), flush=True)
     dist.destroy_process_group()
 
@@ -209,7 +223,8 @@ def main() -> int:
 
     r = run_process(torchrun(gpus, [__file__, "--probe"]), 120, guard, log, env)
     rates = {x["rank"]: x for x in r.get("results", [])}
-    meta["probe"] = "; ".join(f"rank {k}: d2h {v['d2h_gbps']} GB/s, h2d {v['h2d_gbps']} GB/s"
+    meta["probe"] = "; ".join((f"rank {k}: d2h {v['d2h_gbps']} GB/s, h2d {v['h2d_gbps']} GB/s, "
+                               f"both ways at once {v.get('both_ways_gbps_each')} GB/s each")
                               for k, v in sorted(rates.items())) or r.get("status")
     print(f"probe: {meta['probe']}", flush=True)
 

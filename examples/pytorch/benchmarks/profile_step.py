@@ -130,6 +130,8 @@ def main() -> int:
     ap.add_argument("--image-size", type=int, default=448)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--loss-chunk", type=int, default=512)
+    ap.add_argument("--max-gpu-gib", type=float,
+                    help="cap the device memory the caching allocator may use (as ddp_lms.py)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -138,6 +140,10 @@ def main() -> int:
 
     from lms_swap_loader import load_lms_swap
 
+    if a.max_gpu_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.max_gpu_gib * 2**30 / total))
+    print(f"THREADS intra-op {torch.get_num_threads()}", flush=True)
     lms = None
     if a.mode == "lms":
         lms = load_lms_swap(prefer_patched=False)

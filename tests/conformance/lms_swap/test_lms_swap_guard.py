@@ -133,3 +133,43 @@ def test_the_margin_comes_down_after_one_heavy_backward(lms_swap, cuda_only):
     # margins[i] is what step i's forward kept: step 1's is the heavy step's lesson
     assert margins[1] > 6 * GiB, margins
     assert margins[-1] < margins[1] / 4, margins
+
+
+def test_the_net_gives_back_idle_pool_chunks_rather_than_go_over_the_host_limit(lms_swap, cuda_only):
+    """The pinned pool's idle chunks are offered to the net; when its copy would go over
+    the host limit, the net unpins and returns offered chunks (oldest first, no more
+    than it needs), the copy stays exact, and the pool's books follow: what the pool
+    holds plus the net's copies never exceeds the limit."""
+    g = lms_swap.load_guard(required=True)
+    MiB = 1 << 20
+    limit = 320 * MiB
+    was_armed = g.armed()
+    g.arm(True)
+    g.set_host_budget(limit, 0, 0)
+    pool = lms_swap.HostPool(limit, pin=True, net=g, chunk_bytes=64 * MiB,
+                             on_change=lambda held: g.set_host_budget(limit, held, 0))
+    try:
+        before = g.stats()["pool_chunks_discarded"]
+        bufs = [pool.alloc(64 * MiB) for _ in range(4)]
+        for b in bufs:
+            pool.free(b)
+        del bufs, b
+        assert pool.stats()["host.reserved_bytes"] == 256 * MiB  # four idle chunks
+        x = torch.randint(0, 255, (192 * MiB,), dtype=torch.uint8, device="cuda")
+        ref = x.cpu()
+        s = g.Slot(x)
+        del x
+        assert g.evict(torch.cuda.current_device(), 192 * MiB) == 192 * MiB and s.evicted
+        assert g.stats()["pool_chunks_discarded"] - before == 2  # 256 + 192 > 320: two go
+        assert torch.equal(s.host_bytes(), ref)
+        st = pool.stats()
+        assert st["host.net_discards"] == 2 and st["host.reserved_bytes"] == 128 * MiB
+        assert g.host_bytes() + pool.reserved <= limit
+        kept = pool.alloc(128 * MiB)  # no idle chunk fits: they go, then it grows
+        assert pool.reserved + g.host_bytes() <= limit
+        pool.free(kept)
+        del kept, s
+    finally:
+        pool.empty_cache()
+        g.set_host_budget(-1, 0, 0)
+        g.arm(was_armed)

@@ -28,10 +28,15 @@
 //   has finished before the device memory is freed.
 // - Nothing here calls into Python or takes the GIL.  No tensor is destroyed while mu_
 //   is held (destroying a device tensor enters the allocator).
-// - Host bytes taken here count against the same host limit as the bytes lms_swap's
-//   pinned pool has in use (set_host_budget); the pool's cached free buffers yield, the
-//   pool releasing them at its next operation.  The machine keeps min_available bytes
-//   available at all times.
+// - Host bytes taken here count against the same host limit as every byte lms_swap's
+//   pinned pool holds (set_host_budget) and those its releaser is still giving back
+//   (add_releasing): host memory stays under the limit at all times.  The pool offers
+//   the net its idle chunks (offer); when its copies would go over the limit the net
+//   gives such chunks back itself (unpinned, their pages returned with MADV_DONTNEED;
+//   the pool drops them from its books when it next asks, take_discarded), so an idle
+//   pool never makes the net refuse.  An offered chunk is the net's to discard until
+//   the pool withdraws it, which it does before it carves from it or releases it.
+//   The machine keeps min_available bytes available at all times.
 //
 // Built with LMS_GUARD_C10_ONLY, the same net compiles against c10 alone (no ATen, no
 // Python): a slot then holds a c10::Storage, and a C API at the end of this file lets the
@@ -48,6 +53,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -129,6 +135,30 @@ class Guard {
   }
 
   void arm(bool on) { armed_ = on; }
+
+  // ---- the pool's idle chunks (see the invariants above) ----
+  void offer(int64_t id, void* p, int64_t size, int device) {
+    std::lock_guard<std::mutex> lk(offers_mu_);
+    offers_.push_back(Offer{id, p, size, device});
+  }
+  // True: the chunk was still offered and is the pool's again; false: the net gave it back.
+  bool withdraw(int64_t id) {
+    std::lock_guard<std::mutex> lk(offers_mu_);
+    for (auto it = offers_.begin(); it != offers_.end(); ++it) {
+      if (it->id == id) {
+        offers_.erase(it);
+        return true;
+      }
+    }
+    return false;
+  }
+  std::vector<int64_t> take_discarded() {
+    std::lock_guard<std::mutex> lk(offers_mu_);
+    std::vector<int64_t> out;
+    out.swap(discarded_);
+    return out;
+  }
+  void add_releasing(int64_t delta) { releasing_ += delta; }
   bool armed() const { return armed_; }
   void set_host_budget(int64_t limit, int64_t other, int64_t min_available) {
     host_limit_ = limit;
@@ -182,8 +212,7 @@ class Guard {
           continue;
         }
         const size_t n = static_cast<size_t>(s->nbytes);
-        if (host_limit_ >= 0 &&
-            g_host_bytes.load() + host_other_.load() + static_cast<int64_t>(n) > host_limit_) {
+        if (!host_room(static_cast<int64_t>(n))) {
           host_refused_++;
           break;
         }
@@ -229,6 +258,60 @@ class Guard {
 
   int64_t evicted_bytes() const { return evicted_bytes_.load(); }
 
+ private:
+  struct Offer {
+    int64_t id;
+    void* ptr;
+    int64_t size;
+    int device;  // where it was pinned; -1: not pinned
+  };
+
+  bool over_limit(int64_t n) const {
+    return host_limit_ >= 0 &&
+           g_host_bytes.load() + host_other_.load() + releasing_.load() + n > host_limit_;
+  }
+
+  // Whether `n` more host bytes fit under the limit, after giving back offered chunks
+  // (oldest first) and, where this thread does not hold the GIL, waiting up to 10 s for
+  // the pool's releaser (a Python thread) to finish giving back what it has queued.
+  bool host_room(int64_t n) {
+    if (!over_limit(n)) return true;
+    {
+      std::lock_guard<std::mutex> lk(offers_mu_);
+      while (over_limit(n) && !offers_.empty()) {
+        discard(offers_.front());
+        offers_.pop_front();
+      }
+    }
+#ifndef LMS_GUARD_C10_ONLY
+    if (over_limit(n) && releasing_.load() > 0 && Py_IsInitialized() && !PyGILState_Check()) {
+      for (int i = 0; i < 10000 && over_limit(n) && releasing_.load() > 0; ++i) {
+        usleep(1000);
+      }
+    }
+#endif
+    return !over_limit(n);
+  }
+
+  // Unpins an offered chunk and returns its pages; the pool drops it when it next asks.
+  // Under offers_mu_.
+  void discard(const Offer& o) {
+    if (o.device >= 0) {
+      int prev = -1;
+      (void)cudaGetDevice(&prev);
+      if (prev != o.device) (void)cudaSetDevice(o.device);
+      if (cudaHostUnregister(o.ptr) != cudaSuccess) (void)cudaGetLastError();
+      if (prev >= 0 && prev != o.device) (void)cudaSetDevice(prev);
+    }
+    madvise(o.ptr, static_cast<size_t>(o.size), MADV_DONTNEED);
+    host_other_ -= o.size;
+    discarded_.push_back(o.id);
+    discarded_count_++;
+    discarded_bytes_ += o.size;
+  }
+
+ public:
+
   // The net's counters by name (the Python module's stats() and the C API's lines).
   std::vector<std::pair<const char*, int64_t>> counters() {
     std::vector<std::pair<const char*, int64_t>> c = {
@@ -240,6 +323,9 @@ class Guard {
         {"needed_bytes", needed_.load()},
         {"shared_skipped", shared_.load()},
         {"host_refused", host_refused_.load()},
+        {"pool_chunks_discarded", discarded_count_.load()},
+        {"pool_bytes_discarded", discarded_bytes_.load()},
+        {"host_releasing", releasing_.load()},
         {"copy_failed", failed_.load()},
         {"host_bytes", g_host_bytes.load()},
         {"resident", g_resident.load()},
@@ -274,6 +360,11 @@ class Guard {
   std::atomic<bool> armed_{false};
   std::atomic<int64_t> host_limit_{-1};
   std::atomic<int64_t> host_other_{0};
+  std::atomic<int64_t> releasing_{0};
+  std::mutex offers_mu_;              // a leaf: nothing else is taken under it
+  std::deque<Offer> offers_;          // oldest first
+  std::vector<int64_t> discarded_;    // ids given back, for the pool to drop
+  std::atomic<int64_t> discarded_count_{0}, discarded_bytes_{0};
   std::atomic<int64_t> min_available_{0};
   std::atomic<int64_t> ooms_{0}, evicted_count_{0}, evicted_bytes_{0}, shared_{0},
       host_refused_{0}, failed_{0};
@@ -457,6 +548,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     Guard::get().set_host_budget(limit, other, min_available);
   });
   m.def("host_bytes", []() { return g_host_bytes.load(); });
+  m.def("offer", [](int64_t id, uintptr_t ptr, int64_t size, int device) {
+    Guard::get().offer(id, reinterpret_cast<void*>(ptr), size, device);
+  }, "the pool's idle chunk `id` at [ptr, ptr+size), pinned on `device` (-1: not pinned) "
+     "is the net's to give back until withdrawn");
+  m.def("withdraw", [](int64_t id) { return Guard::get().withdraw(id); },
+        "True: chunk `id` is the pool's again; False: the net gave it back");
+  m.def("take_discarded", []() { return Guard::get().take_discarded(); },
+        "ids of the offered chunks the net gave back since the last call");
+  m.def("add_releasing", [](int64_t delta) { Guard::get().add_releasing(delta); },
+        "host bytes the pool's releaser is giving back (counted under the limit)");
   m.def("evicted_bytes", []() { return Guard::get().evicted_bytes(); },
         "bytes evicted since the process began (cheap: one atomic read)");
   m.def("evict", [](int device, int64_t need) {

@@ -30,7 +30,9 @@ class _Releaser:
     thread's overlap cost spread over 11 steps.)
     :attr:`pending` counts the bytes queued and not yet given back: the pool counts them
     against its limit and the machine's floor, and :meth:`wait` until they are gone
-    before it reports a limit reached.  Nothing queued here is used again."""
+    before it reports a limit reached, and :attr:`on_pending` (the eviction net's
+    ``add_releasing``, once loaded) hears every change, so that the net counts them too.
+    Nothing queued here is used again."""
 
     def __init__(self) -> None:
         self._q: "queue.Queue" = queue.Queue()
@@ -38,10 +40,24 @@ class _Releaser:
         self._thread: Optional[threading.Thread] = None
         self.pending = 0
         self.errors = 0
+        self.on_pending = None  # called with each change of `pending` (bytes)
+
+    def set_on_pending(self, hook) -> None:
+        """Installs ``hook`` (None removes it); it first hears what is pending now."""
+        with self._lock:
+            self.on_pending = hook
+            if hook is not None and self.pending:
+                hook(self.pending)
+
+    def _note(self, delta: int) -> None:
+        self.pending += delta
+        hook = self.on_pending
+        if hook is not None:
+            hook(delta)
 
     def put(self, buf: torch.Tensor, event, device: Optional[int], release_fn) -> None:
         with self._lock:
-            self.pending += buf.numel()
+            self._note(buf.numel())
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="lms-host-release", daemon=True)
@@ -78,7 +94,7 @@ class _Releaser:
             finally:
                 buf = item = None
                 with self._lock:
-                    self.pending -= nbytes
+                    self._note(-nbytes)
                 self._q.task_done()
 
 

@@ -16,6 +16,7 @@ from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator
 from .forecast import _StepForecast
 from .guard import load_guard, loaded_guard
 from .host_pool import HostPool
+from .pinned import _releaser
 from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
                      predict_forward_end, should_swap, swap_trigger)
 from .state import _DevState, _Swapped, _check_version
@@ -98,16 +99,22 @@ class ActivationSwapper(_StepForecast):
                         reserve_fn=reserve, release_fn=release,
                         extra_fn=guard.host_bytes if guard is not None else None,
                         on_change=(self._share_host_budget if guard is not None else None),
+                        net=guard,
                     )
+                    if guard is not None:
+                        _releaser.set_on_pending(guard.add_releasing)
                     self._share_host_budget()
         return self._pool
 
-    def _share_host_budget(self, _in_use: Optional[int] = None) -> None:
-        """Tells the eviction net (once loaded) the host limit and the pinned pool's bytes
-        in use under it (its cached buffers yield to the net: see HostPool)."""
+    def _share_host_budget(self, held: Optional[int] = None) -> None:
+        """Tells the eviction net (once loaded) the host limit and the bytes the pinned
+        pool holds under it (``held``, else its :attr:`~HostPool.reserved`); the pool's
+        idle chunks are offered to the net, which gives them back when it needs the room
+        (see HostPool)."""
         guard, pool = loaded_guard(), self._pool
         if guard is not None and pool is not None and self.config.guard:
-            guard.set_host_budget(pool.limit, pool.in_use, pool.min_available)
+            guard.set_host_budget(pool.limit, pool.reserved if held is None else held,
+                                  pool.min_available)
 
     def _guard(self) -> Any:
         """The eviction net, armed, or None (``guard=False``, CPU, or not buildable)."""
