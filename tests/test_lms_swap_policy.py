@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import pathlib
 import sys
 import threading
@@ -835,6 +836,36 @@ def test_idle_chunks_are_the_nets_to_give_back(m):
     pool.free(d)
     del c, d
     assert pool.empty_cache() == 8 * MiB and net.offers == {} and pool.reserved == 0
+
+
+def test_the_nets_count_of_bytes_being_given_back_survives_a_second_pool(m):
+    """Every swapper's pool installs the net's hook on the one releaser: installed again
+    while bytes are pending, the net must not count them twice (it would refuse room
+    that exists)."""
+    _releaser = importlib.import_module(m.__name__ + ".pinned")._releaser
+    gate, total = threading.Event(), {"n": 0}
+
+    def hook(delta):
+        total["n"] += delta
+
+    old = _releaser.on_pending
+    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=1, chunk_bytes=4 * MiB,
+                      reserve_fn=lambda n: True, release_fn=lambda n: gate.wait(10))
+    try:
+        b = pool.alloc(4 * MiB)
+        pool.free(b)
+        del b
+        pool.end_step()
+        assert pool.end_step() == 4 * MiB and _releaser.pending == 4 * MiB
+        _releaser.set_on_pending(hook)
+        _releaser.set_on_pending(hook)                # a second pool, the same net
+        assert total["n"] == 4 * MiB
+        gate.set()
+        pool.wait_released()
+        assert total["n"] == 0
+    finally:
+        gate.set()
+        _releaser.set_on_pending(old)
 
 
 def test_a_chunk_given_back_unseen_is_dropped_when_the_pool_reaches_for_it(m):

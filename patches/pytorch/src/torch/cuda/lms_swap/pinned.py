@@ -43,11 +43,18 @@ class _Releaser:
         self.on_pending = None  # called with each change of `pending` (bytes)
 
     def set_on_pending(self, hook) -> None:
-        """Installs ``hook`` (None removes it); it first hears what is pending now."""
+        """Installs ``hook`` (None removes it): it first hears what is pending now, and
+        a hook it replaces hears that gone (every swapper's pool installs the net's:
+        installed again, it must not count the pending bytes twice)."""
         with self._lock:
-            self.on_pending = hook
-            if hook is not None and self.pending:
-                hook(self.pending)
+            if hook is self.on_pending:
+                return
+            old, self.on_pending = self.on_pending, hook
+            if self.pending:
+                if old is not None:
+                    old(-self.pending)
+                if hook is not None:
+                    hook(self.pending)
 
     def _note(self, delta: int) -> None:
         self.pending += delta
