@@ -148,6 +148,7 @@ def test_the_net_gives_back_idle_pool_chunks_rather_than_go_over_the_host_limit(
     g.arm(True)
     g.set_host_budget(limit, 0, 0)
     pool = lms_swap.HostPool(limit, pin=True, net=g, chunk_bytes=64 * MiB,
+                             extra_fn=g.host_bytes,  # the net's copies, as the swapper's pool
                              on_change=lambda held: g.set_host_budget(limit, held, 0))
     try:
         bufs = [pool.alloc(64 * MiB) for _ in range(4)]
