@@ -141,8 +141,8 @@ def main() -> int:
     from lms_swap_loader import load_lms_swap
 
     if a.max_gpu_gib:
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, a.max_gpu_gib * 2**30 / total))
+        from ddp_lms import cap_device_memory
+        cap_device_memory(0, a.max_gpu_gib)
     print(f"THREADS intra-op {torch.get_num_threads()}", flush=True)
     lms = None
     if a.mode == "lms":

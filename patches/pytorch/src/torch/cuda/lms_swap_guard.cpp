@@ -26,7 +26,8 @@
 //   of the program can still reach those bytes.  The copy runs on the current stream of
 //   the allocating thread after the work queued there, into pageable host memory, and
 //   has finished before the device memory is freed.
-// - Nothing here calls into Python or takes the GIL.  No tensor is destroyed while mu_
+// - Nothing here calls into Python or takes the GIL (it only asks whether this thread
+//   holds it, before waiting for the pool's releaser).  No tensor is destroyed while mu_
 //   is held (destroying a device tensor enters the allocator).
 // - Host bytes taken here count against the same host limit as every byte lms_swap's
 //   pinned pool holds (set_host_budget) and those its releaser is still giving back

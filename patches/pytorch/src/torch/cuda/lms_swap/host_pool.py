@@ -430,10 +430,7 @@ class HostPool:
         if chunk.offered and not self._withdraw(chunk):
             self._forget(chunk)  # the net gave it back already
             return chunk.size
-        self._drop_free(chunk, 0)
-        del self._chunks[chunk.id]
-        self.reserved -= chunk.size
-        self.blocks -= 1
+        self._unbook(chunk)
         self.evictions += 1
         _releaser.put(chunk.buf, None, self._device if self.pin else None,
                       self._release_fn)
@@ -580,11 +577,19 @@ class HostPool:
         self.blocks += 1
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         self._changed()
-        self._offer(chunk)
+
+    def _unbook(self, chunk: _Chunk) -> None:
+        """Takes an idle chunk (one free range, the whole of it) out of the books."""
+        self._drop_free(chunk, 0)
+        del self._chunks[chunk.id]
+        self.reserved -= chunk.size
+        self.blocks -= 1
 
     # -- the eviction net's share of idle chunks ------------------------------------------
     def _offer(self, chunk: _Chunk) -> None:
-        """An idle chunk (nothing carved, no copy pending) becomes the net's to give back."""
+        """A chunk whose last range came back (nothing carved, no copy pending) becomes
+        the net's to give back.  (Not a new one: the request that grew it carves from it
+        at once.)"""
         if self._net is not None and not chunk.offered:
             chunk.offered = True
             self._net.offer(chunk.id, chunk.buf.data_ptr(), chunk.size,
@@ -598,10 +603,7 @@ class HostPool:
     def _forget(self, chunk: _Chunk) -> None:
         """Drops a chunk the net gave back (already unpinned, its pages returned)."""
         chunk.offered = False
-        self._drop_free(chunk, 0)
-        del self._chunks[chunk.id]
-        self.reserved -= chunk.size
-        self.blocks -= 1
+        self._unbook(chunk)
         self.net_discards += 1
         if self._release_fn is not None:
             self._release_fn(chunk.size)
