@@ -59,11 +59,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <string>
 #include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -89,6 +91,41 @@ struct HostBuffer {
 
 std::atomic<int64_t> g_host_bytes{0};
 std::atomic<int64_t> g_resident{0};  // slots holding device memory
+
+// Anonymous memory for `n` bytes with every page already faulted in, or nullptr.  The
+// driver's copy into pages it must fault in one by one ran at 1.5 GB/s on the H100
+// machine, and MAP_POPULATE, which faults them in from one thread, at 2.7 GB/s: that
+// was most of what one intervention of the net cost (examples/pytorch/benchmarks/
+// net_cost.py).  Here huge pages are asked for and the pages are written from several
+// threads, each over its own part.
+void* map_populated(size_t n) {
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  (void)madvise(p, n, MADV_HUGEPAGE);  // where the kernel allows it; 4 KiB pages else
+  constexpr size_t kPage = 4096, kPart = 64 << 20;
+  auto touch = [p](size_t from, size_t to) {
+    volatile char* c = static_cast<volatile char*>(p);
+    for (size_t o = from; o < to; o += kPage) c[o] = 0;
+  };
+  const size_t threads = std::min<size_t>(
+      std::max(1u, std::min(8u, std::thread::hardware_concurrency())), (n + kPart - 1) / kPart);
+  if (threads <= 1) {
+    touch(0, n);
+    return p;
+  }
+  const size_t part = (n / threads + kPage - 1) / kPage * kPage;
+  std::vector<std::thread> pool;
+  try {
+    for (size_t i = 1; i < threads; ++i) {
+      pool.emplace_back(touch, std::min(n, i * part), std::min(n, (i + 1) * part));
+    }
+  } catch (const std::system_error&) {  // no thread to be had: the rest on this one
+    touch(pool.size() * part + part, n);
+  }
+  touch(0, std::min(n, part));
+  for (auto& t : pool) t.join();
+  return p;
+}
 
 void host_free(void* p, size_t n) {
   if (p != nullptr) {
@@ -222,12 +259,8 @@ class Guard {
           host_refused_++;
           break;
         }
-        // populated when mapped: the driver's copy into pages it must fault in one by
-        // one ran at 1.5 GB/s on the H100 machine, mapping populated and copying at
-        // 3.3 GB/s together
-        void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        if (p == MAP_FAILED) {
+        void* p = map_populated(n);
+        if (p == nullptr) {
           host_refused_++;
           break;
         }
