@@ -196,7 +196,7 @@ def test_allocator_settings_string_reaches_lms(builds, tmp_path):
     exe = tmp_path / "s"
     fmt = [f"-I{b.fmt_include}"] if b.fmt_include else []
     incs = builds["cuda"].flags()
-    subprocess.run(["g++", "-std=c++17", "-DFMT_HEADER_ONLY=1", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
+    subprocess.run(["g++", "-std=c++17", "-DFMT_HEADER_ONLY=1", f"-I{guard_dir}", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
                     *incs, *fmt, str(src), f"-L{b.build_dir}", "-lc10_cuda", "-lc10",
                     f"-Wl,-rpath,{b.build_dir}", "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
@@ -217,15 +217,16 @@ print(json.dumps(dict(l.split("=") for l in buf.value.decode().splitlines())))
 
 
 def test_eviction_net_builds_in_its_c10_only_mode_against_the_patched_allocator(builds, tmp_path):
-    """lms_swap_guard.cpp with LMS_GUARD_C10_ONLY (no ATen, no Python) compiles and links
-    against the patched c10/c10_cuda: the conformance harness runs it over the patched
-    allocator on a GPU (tests/conformance/pytorch_allocator, test_allocator_lms_first_then_the_net)."""
+    """lms_swap_guard.cpp with LMS_GUARD_C10_ONLY (no ATen, no Python) and the harness's C API
+    over it (guard_c_api.cpp) compile and link against the patched c10/c10_cuda: the
+    conformance harness runs it over the patched allocator on a GPU (tests/conformance/pytorch_allocator, test_allocator_lms_first_then_the_net)."""
     b = builds["lms"]
-    src = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap_guard.cpp"
+    guard_dir = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda"  # lms_swap_guard.cpp
+    src = REPO / "tests" / "conformance" / "pytorch_allocator" / "guard_c_api.cpp"
     so = tmp_path / "guard.so"
     fmt = [f"-I{b.fmt_include}"] if b.fmt_include else []
     subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-DLMS_GUARD_C10_ONLY",
-                    "-DFMT_HEADER_ONLY=1", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
+                    "-DFMT_HEADER_ONLY=1", f"-I{guard_dir}", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
                     *builds["cuda"].flags(), *fmt, str(src), f"-L{b.build_dir}", "-lc10_cuda", "-lc10",
                     f"-Wl,-rpath,{b.build_dir}", "-o", str(so)], check=True)
     r = _run_py(GUARD_C_API, builds, GUARD_SO=str(so))

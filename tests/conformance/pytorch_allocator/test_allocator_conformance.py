@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 FACTS_D2H_GBPS, FACTS_H2D_GBPS = 54.0, 53.0   # /work/shared/FACTS.md, pinned copies on the H100 machine
 SUMMARY: dict = {}
-GUARD_SOURCE = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap_guard.cpp"
+GUARD_DIR = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda"  # lms_swap_guard.cpp
+GUARD_API = HERE / "guard_c_api.cpp"  # the net in its c10-only mode, with its C API
 
 
 def _cuda_home() -> Path:
@@ -87,7 +88,7 @@ def work(request):
         subprocess.run([str(cuda / "bin" / "nvcc"), "-O2", "-std=c++17", "-arch=native", "-shared",
                         "-Xcompiler", "-fPIC", "-DFMT_HEADER_ONLY=1", "-I", str(tree if name == "lms" else pristine), "-I", str(b.build_dir / "generated"), *fmt,
                         # lms_swap's eviction net in its c10-only mode, over this build's allocator
-                        "-DLMS_GUARD_C10_ONLY", str(GUARD_SOURCE),
+                        "-DLMS_GUARD_C10_ONLY", "-I", str(GUARD_DIR), str(GUARD_API),
                         str(HERE / "probe.cu"), "-L", str(b.build_dir), "-lc10_cuda", "-lc10",
                         f"-Xlinker=-rpath={b.build_dir}", "-o", str(so)], check=True)
         probe[name] = (b.build_dir, so)
