@@ -130,3 +130,29 @@ def test_distributed_plan_and_table(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| ddp | 2 | 1.5x | 150 | lms | ok |" in md and "**CUDA OOM**: CUDA out of memory." in md
     assert all(line.count("|") == 17 for line in md.splitlines() if line.startswith("| ddp"))
+
+
+def test_bounds_at_facts_rates_and_at_the_probed_link(tmp_path):
+    """The bound of an lms row: max(compute, copy term) with stock's 1.0x rate, the copy
+    term alone without it (marked), and the same at this host's measured link rates."""
+    import argparse
+    bench = _import("bench_lms_swap")
+    link = {"d2h_gbps": 27.0, "h2d_gbps": 26.5, "both_ways_gbps_each": 20.0}
+    row = {"model": "unet", "scale": 2.0, "batch": 200, "mode": "lms", "status": "ok",
+           "units_per_s": 50.0, "unit": "img/s", "step_s": 4.0,
+           "out_bytes_per_step": 54e9, "in_bytes_per_step": 53e9}
+    alone = dict(row)
+    bench.add_bounds(alone, None, link)          # no stock in this run: the copy term
+    assert not alone["bound_has_compute"] and "compute_step_s" not in alone
+    assert abs(alone["frac_of_bound"] - 0.5) < 1e-9           # 2 s of 4 at FACTS.md's rates
+    assert abs(alone["frac_of_probed_bound"] - 1.0) < 1e-9    # 4 s at half those rates
+    slow_stock = dict(row)
+    bench.add_bounds(slow_stock, 40.0, None)     # compute 200/40 = 5 s: over the copy term
+    assert slow_stock["bound_has_compute"] and abs(slow_stock["frac_of_bound"] - 1.25) < 1e-9
+    assert "frac_of_probed_bound" not in slow_stock
+    args = argparse.Namespace(optimizer="adamw", seq_len=2048, loss_chunk=0, alloc_conf="x",
+                              warmup=6, steps=14, min_seconds=0)
+    bench.write_markdown(tmp_path / "r.md", "c", [alone, slow_stock], args, link)
+    md = (tmp_path / "r.md").read_text()
+    assert "27.0 GB/s out, 26.5 in, 20.0 each way at once" in md
+    assert "| 50.0%* | 100.0% |" in md and "| 125.0% | - |" in md

@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_lms_swap import D2H_BPS, GiB, H2D_BPS  # noqa: E402  (FACTS.md's rates)
 from children import install_stop_handlers, meminfo, run_process  # noqa: E402
+from link_rate import pcie_step_s, pinned_rates  # noqa: E402
 
 EXAMPLE = HERE.parent / "ddp_lms.py"
 ALLOC_CONF = "expandable_segments:True"  # as bench_lms_swap.py: every mode alike
@@ -49,33 +50,7 @@ def probe() -> None:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    n = 4 * GiB
-    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    rates = {}
-    for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
-        dst.copy_(src, non_blocking=True)  # warm
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(3):
-            dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        rates[name + "_gbps"] = round(3 * n / (time.perf_counter() - t0) / 1e9, 1)
-    # both ways at once, on two streams: forward's copies out and backward's copies in
-    # overlap at step boundaries, and every rank's share the host's memory
-    dev2 = torch.empty(n, dtype=torch.uint8, device="cuda")
-    host2 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    streams = (torch.cuda.Stream(), torch.cuda.Stream())
-    torch.cuda.synchronize()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for s, dst, src in ((streams[0], host, dev), (streams[1], dev2, host2)):
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    rates["both_ways_gbps_each"] = round(3 * n / (time.perf_counter() - t0) / 1e9, 1)
+    rates = pinned_rates(4 * GiB, 3, barrier=dist.barrier)
     print("RESULT " + json.dumps({"rank": dist.get_rank(), **rates}), flush=True)
     dist.destroy_process_group()
 
@@ -124,7 +99,7 @@ def summarize(row: dict, stock: dict, rates) -> None:
              "guard_evicted": r.get("guard.evicted_bytes"), "host_full_kept": r.get("swap.host_full_kept")}
         if rates and r["rank"] in rates and pcie:
             pr = rates[r["rank"]]
-            mbound = max(compute or 0.0, out_b / (pr["d2h_gbps"] * 1e9) + in_b / (pr["h2d_gbps"] * 1e9))
+            mbound = max(compute or 0.0, pcie_step_s(out_b, in_b, pr))
             d["pct_of_probed_bound"] = round(100 * mbound / r["step_s"], 1)
         per_rank.append(d)
     row["per_rank"] = per_rank

@@ -17,7 +17,10 @@ Reported per configuration: throughput, step time, peak device memory (allocated
 reserved), peak host memory (child's RSS high-water mark), and for lms the bytes moved
 out/in per step and the fraction of the PCIe bound of FACTS.md:
     bound_step = max(compute_step, S_out / 54 GB/s + S_in / 53 GB/s)
-with compute_step = batch / (stock throughput at 1.0x) (the GPU's speed without swapping).
+with compute_step = batch / (stock throughput at 1.0x) (the GPU's speed without swapping;
+without stock at 1.0x in the same run, the copy term alone).  The run first measures this
+host's pinned copy rates (link_rate.py) and reports the fraction of the bound at those
+rates as well ("probed"): hosts of the same machine type have differed by 8-10%.
 
     python examples/pytorch/benchmarks/bench_lms_swap.py --out results/   # everything
     python examples/pytorch/benchmarks/bench_lms_swap.py --models resnet50 --scales 1.0 1.5
@@ -38,6 +41,7 @@ sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))         # zoo
 
 import zoo  # noqa: E402  (the models: unmodified library code)
+from link_rate import pcie_step_s, pinned_rates  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 
 D2H_BPS = 54e9   # FACTS.md, device -> pinned host
@@ -347,10 +351,20 @@ def main():
                     help="seconds for one model's batch search")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
+    ap.add_argument("--link-probe-gib", type=float, default=2.0,
+                    help="GiB per copy when measuring this host's pinned copy rates before "
+                         "the configurations (0: not measured)")
+    ap.add_argument("--probe-link", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args()
 
     if args.child:
+        if args.probe_link:
+            import torch
+            rates = pinned_rates(int(args.link_probe_gib * GiB))
+            print(f"link {torch.cuda.get_device_name()}: {rates}", flush=True)
+            print("RESULT " + json.dumps(rates), flush=True)
+            return 0
         if args.search:
             return child_search(args)
         return child(args)
@@ -365,6 +379,15 @@ def main():
     results = []
     cmd = " ".join([os.path.basename(sys.executable)] + [str(pathlib.Path(a)) for a in sys.argv])
     given = {k: int(v) for k, _, v in (b.partition("=") for b in args.base_batch)}
+    link = None
+    if args.link_probe_gib > 0:
+        r = run_child(["--probe-link", "--link-probe-gib", str(args.link_probe_gib)], 120,
+                      int(args.host_guard_gib * GiB), log)
+        if "d2h_gbps" in r:
+            link = {k: r[k] for k in ("d2h_gbps", "h2d_gbps", "both_ways_gbps_each")}
+        print(f"link (pinned copies, GB/s): {link or 'not measured: ' + str(r.get('status'))}",
+              flush=True)
+        log.write(f"link: {link or r}\n")
     for model in args.models:
         base = given.get(model) or (args.resnet_batch if model == "resnet50" else
                                     args.gpt2_batch if model == "gpt2" else 0)
@@ -407,20 +430,33 @@ def main():
                         dead[mode] = row["status"]
                 if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
                     stock_rate = row["units_per_s"]
-                if mode == "lms" and row.get("status") == "ok" and stock_rate:
-                    comp = row["units_per_s"] * row["step_s"] / stock_rate  # units per step / rate
-                    pcie = row["out_bytes_per_step"] / D2H_BPS + row["in_bytes_per_step"] / H2D_BPS
-                    bound_step = max(comp, pcie)
-                    row["compute_step_s"] = comp
-                    row["pcie_step_s"] = pcie
-                    row["bound_step_s"] = bound_step
-                    row["frac_of_bound"] = bound_step / row["step_s"]
+                if mode == "lms" and row.get("status") == "ok":
+                    add_bounds(row, stock_rate, link)
                 results.append(row)
                 print(summary_line(row), flush=True)
                 with open(out / "results.json", "w") as f:
-                    json.dump({"command": cmd, "results": results}, f, indent=1)
-    write_markdown(out / "results.md", cmd, results, args)
+                    json.dump({"command": cmd, "link": link, "results": results}, f, indent=1)
+    write_markdown(out / "results.md", cmd, results, args, link)
     print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
+
+
+def add_bounds(row, stock_rate, link):
+    """The bound of an lms row (in place): max(compute, copy term) where stock's 1.0x rate
+    is known, else the copy term alone (``bound_has_compute`` says which); at FACTS.md's
+    rates, and at this host's measured ones (``link``) where measured."""
+    out_b, in_b = row["out_bytes_per_step"], row["in_bytes_per_step"]
+    comp = row["units_per_s"] * row["step_s"] / stock_rate if stock_rate else 0.0
+    row["bound_has_compute"] = bool(stock_rate)
+    if stock_rate:
+        row["compute_step_s"] = comp  # units per step / stock's rate
+    row["pcie_step_s"] = out_b / D2H_BPS + in_b / H2D_BPS
+    row["bound_step_s"] = max(comp, row["pcie_step_s"])
+    if row["bound_step_s"] > 0:
+        row["frac_of_bound"] = row["bound_step_s"] / row["step_s"]
+    if link:
+        row["probed_bound_step_s"] = max(comp, pcie_step_s(out_b, in_b, link))
+        if row["probed_bound_step_s"] > 0:
+            row["frac_of_probed_bound"] = row["probed_bound_step_s"] / row["step_s"]
 
 
 def summary_line(r):
@@ -430,7 +466,11 @@ def summary_line(r):
         if "out_bytes_per_step" in r:
             s += f" out/in {fmt_gib(r['out_bytes_per_step'])}/{fmt_gib(r['in_bytes_per_step'])}G"
         if "frac_of_bound" in r:
-            s += f" {100 * r['frac_of_bound']:.0f}% of bound"
+            s += f" {100 * r['frac_of_bound']:.1f}% of bound"
+            if not r.get("bound_has_compute"):
+                s += " (copy term)"
+        if "frac_of_probed_bound" in r:
+            s += f" ({100 * r['frac_of_probed_bound']:.1f}% at this host's rates)"
         if r.get("alloc_retries"):
             s += f" alloc retries {r['alloc_retries']}"
     elif r.get("error"):
@@ -438,7 +478,7 @@ def summary_line(r):
     return s
 
 
-def write_markdown(path, cmd, results, args):
+def write_markdown(path, cmd, results, args, link=None):
     lines = [
         "# LMS activation swapping: benchmark results", "",
         f"Command: `{cmd}`", "",
@@ -449,9 +489,13 @@ def write_markdown(path, cmd, results, args):
         f"{args.warmup} warm-up steps, then {args.steps} timed steps (synchronized)"
         + (f" or more, until {args.min_seconds:g} s have passed. " if args.min_seconds else ". ") +
         "Bound = max(compute, S_out/54 GB/s + S_in/53 GB/s) with compute = stock step time "
-        "at 1.0x scaled to the batch; S = bytes lms moved per step.", "",
-        "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | timed steps (allocator retries) | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "at 1.0x scaled to the batch (where stock ran at 1.0x in this run; else the copy term "
+        "alone, marked *); S = bytes lms moved per step. This host's pinned copies: "
+        + (f"{link['d2h_gbps']} GB/s out, {link['h2d_gbps']} in, {link['both_ways_gbps_each']} "
+           f"each way at once; the probed bound uses the first two." if link else "not measured."),
+        "",
+        "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | timed steps (allocator retries) | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound | % of probed bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     stock = {}
     for r in results:
@@ -474,7 +518,9 @@ def write_markdown(path, cmd, results, args):
             fmt_gib(r.get("peak_host_rss")),
             f"{fmt_gib(r['out_bytes_per_step'])} / {fmt_gib(r['in_bytes_per_step'])}" if "out_bytes_per_step" in r else "-",
             f"{r['bound_step_s']:.3f}" if "bound_step_s" in r else "-",
-            f"{100 * r['frac_of_bound']:.0f}%" if "frac_of_bound" in r else "-",
+            (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
+            if "frac_of_bound" in r else "-",
+            f"{100 * r['frac_of_probed_bound']:.1f}%" if "frac_of_probed_bound" in r else "-",
         ]) + " |")
     path.write_text("\n".join(lines) + "\n")
 

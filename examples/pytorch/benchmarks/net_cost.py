@@ -2,17 +2,19 @@
 
 When the forecast is wrong, the net (``lms_swap_guard.cpp``) moves kept activations to host
 memory inside the failing allocation, one synchronous copy at a time into freshly mapped
-pageable memory, and backward fetches each back on demand.  This script times those three
+pageable memory (faulted in first), and backward fetches each back on demand.  This script times those three
 parts apart for ``--count`` tensors of ``--mib`` MiB (the defaults: Llama at 2.0x, where one
 net event in a settled step moved 11 GB), beside pinned copies of the same bytes (the rates
 the PCIe bound of the benchmarks assumes: FACTS.md's 54 GB/s out, 53 in):
 
-  evict            guard.evict(): mmap(MAP_POPULATE) + copy + stream sync, per tensor
+  evict            guard.evict(): map and fault in the host memory, copy, sync, per tensor
+                   (until run 99 the net faulted pages in with MAP_POPULATE, one thread)
   fetch            what the swapper does for an evicted slot: a copy of its pageable
                    bytes into a new device tensor on a side stream, then a sync
   free             the slots dropped (munmap of their host copies)
-  populate         mmap(MAP_POPULATE) of the same bytes alone (the kernel's share)
-  pinned out/in    cudaMemcpyAsync device<->pinned host, each way alone and both at once
+  populate         mmap(MAP_POPULATE) of the same bytes alone (what the net used to pay)
+  pinned out/in    cudaMemcpyAsync device<->pinned host of 2 GiB (link_rate.py), each way
+                   alone and both at once (runs 99-100 copied the whole 11.7 GB)
 
     python3 examples/pytorch/benchmarks/net_cost.py --count 26 --mib 430 --out net_cost.json
 """
@@ -28,6 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # link_rate
 
 
 def _timed(fn) -> float:
@@ -49,6 +52,7 @@ def main() -> int:
         print("net_cost: needs a CUDA GPU", file=sys.stderr)
         return 2
 
+    from link_rate import GiB, pinned_rates
     from lms_swap_loader import load_lms_swap
 
     lms = load_lms_swap(prefer_patched=False)
@@ -94,23 +98,7 @@ def main() -> int:
         for m in maps:
             m.close()
 
-        dev = torch.empty(total, dtype=torch.uint8, device="cuda")
-        host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-        dev2 = torch.empty(total, dtype=torch.uint8, device="cuda")
-        host2 = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-        t_out = _timed(lambda: host.copy_(dev, non_blocking=True))
-        t_in = _timed(lambda: dev.copy_(host, non_blocking=True))
-
-        def both():
-            with torch.cuda.stream(s1):
-                host.copy_(dev, non_blocking=True)
-            with torch.cuda.stream(s2):
-                dev2.copy_(host2, non_blocking=True)
-
-        t_both = _timed(both)
-        del dev, host, dev2, host2
-        torch.cuda.empty_cache()
+        rates = pinned_rates(min(total, 2 * GiB))
         row = {
             "round": rnd, "tensors": args.count, "mib": args.mib, "gb": round(gb, 2),
             "evicted": evicted, "bytes_ok": ok,
@@ -118,8 +106,8 @@ def main() -> int:
             "fetch_s": round(t_fetch, 3), "fetch_gb_s": round(gb / t_fetch, 2),
             "free_s": round(t_free, 3),
             "populate_s": round(t_pop, 3), "populate_gb_s": round(gb / t_pop, 2),
-            "pinned_out_gb_s": round(gb / t_out, 2), "pinned_in_gb_s": round(gb / t_in, 2),
-            "pinned_both_gb_s_each": round(gb / t_both, 2),
+            "pinned_out_gb_s": rates["d2h_gbps"], "pinned_in_gb_s": rates["h2d_gbps"],
+            "pinned_both_gb_s_each": rates["both_ways_gbps_each"],
         }
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
