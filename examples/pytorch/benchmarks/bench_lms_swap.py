@@ -185,7 +185,11 @@ def child(args):
                 "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
                 "policy.dev0.prefetch_reserve_bytes",
                 "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
-                "policy.dev0.slack_bytes", "host.releasing_bytes")}
+                "policy.dev0.slack_bytes", "host.releasing_bytes",
+                # what the allocator held when the net last caught an error
+                "guard.ooms_caught", "guard.shared_skipped", "guard.last_oom_request",
+                "guard.last_oom_allocated", "guard.last_oom_reserved",
+                "guard.last_oom_inactive_split", "guard.last_oom_device_free")}
 
         def record(kind, t0):
             rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),

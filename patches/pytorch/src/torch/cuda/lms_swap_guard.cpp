@@ -226,6 +226,7 @@ class Guard {
       (void)cudaGetLastError();
       total_b = 0;
     }
+    note_oom(device, n, free_b);
     const int64_t extra = std::max<int64_t>(64 << 20, static_cast<int64_t>(total_b / 64));
     if (evict(device, static_cast<int64_t>(n) + extra) == 0) return false;
     needed_ += static_cast<int64_t>(n);
@@ -293,6 +294,23 @@ class Guard {
   int64_t evicted_bytes() const { return evicted_bytes_.load(); }
 
  private:
+  // What the allocator held when the net last caught an error: whether a step that
+  // needed the net was short of memory (allocated near the limit) or of pieces
+  // (reserved far above allocated: inactive split blocks).  Diagnostics only.
+  void note_oom(int device, size_t n, size_t device_free) {
+    last_request_ = static_cast<int64_t>(n);
+    last_device_free_ = static_cast<int64_t>(device_free);
+    try {
+      const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(
+          static_cast<c10::DeviceIndex>(device));
+      last_allocated_ = st.allocated_bytes[0].current;  // [0]: the aggregate of all pools
+      last_reserved_ = st.reserved_bytes[0].current;
+      last_inactive_split_ = st.inactive_split_bytes[0].current;
+    } catch (const std::exception&) {
+      last_allocated_ = last_reserved_ = last_inactive_split_ = -1;
+    }
+  }
+
   struct Offer {
     int64_t id;
     void* ptr;
@@ -361,6 +379,11 @@ class Guard {
         {"pool_bytes_discarded", discarded_bytes_.load()},
         {"host_releasing", releasing_.load()},
         {"copy_failed", failed_.load()},
+        {"last_oom_request", last_request_.load()},
+        {"last_oom_allocated", last_allocated_.load()},
+        {"last_oom_reserved", last_reserved_.load()},
+        {"last_oom_inactive_split", last_inactive_split_.load()},
+        {"last_oom_device_free", last_device_free_.load()},
         {"host_bytes", g_host_bytes.load()},
         {"resident", g_resident.load()},
     };
@@ -403,6 +426,8 @@ class Guard {
   std::atomic<int64_t> ooms_{0}, evicted_count_{0}, evicted_bytes_{0}, shared_{0},
       host_refused_{0}, failed_{0};
   std::atomic<int64_t> needed_{0};  // the failed requests' sizes (evictions free more)
+  std::atomic<int64_t> last_request_{0}, last_device_free_{0}, last_allocated_{0},
+      last_reserved_{0}, last_inactive_split_{0};
 
  public:
   std::atomic<int64_t> served_{0};
