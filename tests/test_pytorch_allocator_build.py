@@ -212,7 +212,14 @@ g = ctypes.CDLL(so)
 n = g.lms_guard_counters(None, 0)
 buf = ctypes.create_string_buffer(n + 1)
 g.lms_guard_counters(buf, n + 1)
-print(json.dumps(dict(l.split("=") for l in buf.value.decode().splitlines())))
+r = dict(l.split("=") for l in buf.value.decode().splitlines())
+# the net's host copies: every page resident when mapped, whatever the size (one page,
+# under one thread's part, parts that do not divide the size)
+g.lms_guard_unpopulated_pages.restype = ctypes.c_longlong
+g.lms_guard_unpopulated_pages.argtypes = [ctypes.c_ulonglong]
+r["unpopulated"] = [g.lms_guard_unpopulated_pages(n) for n in
+                    (4096, 123, 63 << 20, (64 << 20) + 4096, (513 << 20) + 123)]
+print(json.dumps(r))
 """
 
 
@@ -231,6 +238,8 @@ def test_eviction_net_builds_in_its_c10_only_mode_against_the_patched_allocator(
                     f"-Wl,-rpath,{b.build_dir}", "-o", str(so)], check=True)
     r = _run_py(GUARD_C_API, builds, GUARD_SO=str(so))
     assert r["armed"] == "0" and r["ooms_caught"] == "0" and r["slots"] == "0" and "allocations_seen" in r
+    assert "last_oom_allocated" in r and "last_oom_inactive_split" in r
+    assert r["unpopulated"] == [0, 0, 0, 0, 0]
 
 
 PY_API = """

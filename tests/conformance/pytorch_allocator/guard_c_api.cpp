@@ -106,6 +106,23 @@ void lms_guard_block_drop(long long id) {
   gone = std::move(g_blocks.at(static_cast<size_t>(id)));
 }
 
+// Maps `nbytes` the way the net maps its host copies (map_populated: faulted in from
+// several threads) and returns how many of its pages were not resident right after,
+// by mincore(); -1 when the mapping or the query failed.  Unmaps it again.
+long long lms_guard_unpopulated_pages(unsigned long long nbytes) {
+  void* p = map_populated(static_cast<size_t>(nbytes));
+  if (p == nullptr) return -1;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((static_cast<size_t>(nbytes) + page - 1) / page);
+  long long missing = -1;
+  if (mincore(p, static_cast<size_t>(nbytes), resident.data()) == 0) {
+    missing = 0;
+    for (unsigned char r : resident) missing += (r & 1) ? 0 : 1;
+  }
+  munmap(p, static_cast<size_t>(nbytes));
+  return missing;
+}
+
 // "name=value" lines of the net's counters into buf (NUL-terminated); returns the length
 // needed, as snprintf does.
 int lms_guard_counters(char* buf, int size) {
