@@ -196,7 +196,7 @@ def test_allocator_settings_string_reaches_lms(builds, tmp_path):
     exe = tmp_path / "s"
     fmt = [f"-I{b.fmt_include}"] if b.fmt_include else []
     incs = builds["cuda"].flags()
-    subprocess.run(["g++", "-std=c++17", "-DFMT_HEADER_ONLY=1", f"-I{guard_dir}", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
+    subprocess.run(["g++", "-std=c++17", "-DFMT_HEADER_ONLY=1", f"-I{builds['tree']}", f"-I{b.build_dir}/generated",
                     *incs, *fmt, str(src), f"-L{b.build_dir}", "-lc10_cuda", "-lc10",
                     f"-Wl,-rpath,{b.build_dir}", "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
