@@ -35,9 +35,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_lms_swap import D2H_BPS, GiB, H2D_BPS  # noqa: E402  (FACTS.md's rates)
 from children import install_stop_handlers, meminfo, run_process  # noqa: E402
-from link_rate import pcie_step_s, pinned_rates  # noqa: E402
+from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 
 EXAMPLE = HERE.parent / "ddp_lms.py"
 ALLOC_CONF = "expandable_segments:True"  # as bench_lms_swap.py: every mode alike
@@ -89,7 +88,7 @@ def summarize(row: dict, stock: dict, rates) -> None:
     per_rank = []
     for r in ranks:
         out_b, in_b = r.get("out_bytes_per_step") or 0, r.get("in_bytes_per_step") or 0
-        pcie = out_b / D2H_BPS + in_b / H2D_BPS
+        pcie = pcie_step_s(out_b, in_b, FACTS_RATES)
         compute = base["step_s"] * r["batch"] / base["batch"] if base else None
         bound = max(compute or 0.0, pcie)
         d = {"rank": r["rank"], "step_s": round(r["step_s"], 4), "out_gib": out_b / GiB,

@@ -41,12 +41,9 @@ sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))         # zoo
 
 import zoo  # noqa: E402  (the models: unmodified library code)
-from link_rate import pcie_step_s, pinned_rates  # noqa: E402
+from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 
-D2H_BPS = 54e9   # FACTS.md, device -> pinned host
-H2D_BPS = 53e9   # FACTS.md, pinned host -> device
-GiB = 1 << 30
 ALLOC_CONF = None  # PYTORCH_CUDA_ALLOC_CONF for every child (all modes alike)
 
 
@@ -453,7 +450,7 @@ def add_bounds(row, stock_rate, link):
     row["bound_has_compute"] = bool(stock_rate)
     if stock_rate:
         row["compute_step_s"] = comp  # units per step / stock's rate
-    row["pcie_step_s"] = out_b / D2H_BPS + in_b / H2D_BPS
+    row["pcie_step_s"] = pcie_step_s(out_b, in_b, FACTS_RATES)
     row["bound_step_s"] = max(comp, row["pcie_step_s"])
     if row["bound_step_s"] > 0:
         row["frac_of_bound"] = row["bound_step_s"] / row["step_s"]

@@ -11,6 +11,7 @@ import time
 from typing import Callable, Dict, Optional
 
 GiB = 1 << 30
+FACTS_RATES = {"d2h_gbps": 54.0, "h2d_gbps": 53.0}  # FACTS.md: H100 <-> pinned host, GB/s
 
 
 def pinned_rates(nbytes: int = 2 * GiB, repeat: int = 3,
@@ -50,5 +51,6 @@ def pinned_rates(nbytes: int = 2 * GiB, repeat: int = 3,
 
 
 def pcie_step_s(out_bytes: float, in_bytes: float, rates: Dict[str, float]) -> float:
-    """The copy term of the bound at measured rates: out at d2h, in at h2d."""
+    """The copy term of the bound: out at ``d2h_gbps``, in at ``h2d_gbps`` (FACTS_RATES or
+    a host's measured rates)."""
     return out_bytes / (rates["d2h_gbps"] * 1e9) + in_bytes / (rates["h2d_gbps"] * 1e9)
