@@ -28,16 +28,21 @@ def pinned_rates(nbytes: int = 2 * GiB, repeat: int = 3,
     host2 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def timed(copies) -> float:
-        torch.cuda.synchronize()
-        if barrier is not None:
-            barrier()
-        t0 = time.perf_counter()
-        for stream, dst, src in copies:
-            with torch.cuda.stream(stream):
-                for _ in range(repeat):
-                    dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        return round(repeat * nbytes / (time.perf_counter() - t0) / 1e9, 1)
+        # the best of three timings: a link's rate, not its first use (the first timing
+        # on a freshly started machine has come out 27% under the next ones: run 104)
+        best = 0.0
+        for _ in range(3):
+            torch.cuda.synchronize()
+            if barrier is not None:
+                barrier()
+            t0 = time.perf_counter()
+            for stream, dst, src in copies:
+                with torch.cuda.stream(stream):
+                    for _ in range(repeat):
+                        dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            best = max(best, repeat * nbytes / (time.perf_counter() - t0) / 1e9)
+        return round(best, 1)
 
     cur = torch.cuda.current_stream()
     host.copy_(dev, non_blocking=True)  # warm both directions

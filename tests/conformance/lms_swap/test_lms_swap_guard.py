@@ -175,3 +175,43 @@ def test_the_net_gives_back_idle_pool_chunks_rather_than_go_over_the_host_limit(
         pool.empty_cache()
         g.set_host_budget(-1, 0, 0)
         g.arm(was_armed)
+
+
+def test_a_near_miss_moves_the_shortfall_not_the_request(lms_swap, cuda_only):
+    """A request the device misses by a little (a settled step a few megabytes over its
+    forecast) costs the net a copy of about what was missing, not of the whole request:
+    the first error of a request asks for the device's shortfall plus one error's margin
+    (a 64th of the device); the request is served and every evicted byte is exact."""
+    g = lms_swap.load_guard(required=True)
+    MiB, GiB = 1 << 20, 1 << 30
+    was_armed = g.armed()
+    g.arm(True)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    slots, refs, ballast, big = [], [], [], None
+    try:
+        for i in range(16):  # 4 GiB the net may move, 256 MiB at a time
+            x = torch.randint(0, 255, (256 * MiB,), dtype=torch.uint8, device="cuda")
+            refs.append(x.cpu())
+            slots.append(g.Slot(x))
+            del x
+        free, total = torch.cuda.mem_get_info()
+        while free > 3 * GiB:  # the rest of the device, less 2-3 GiB
+            ballast.append(torch.empty(min(free - 2 * GiB, 8 * GiB), dtype=torch.uint8, device="cuda"))
+            free, total = torch.cuda.mem_get_info()
+        request = free + 64 * MiB
+        before = g.evicted_bytes()
+        big = torch.empty(request, dtype=torch.uint8, device="cuda")  # served after the net's move
+        moved = g.evicted_bytes() - before
+        margin = max(64 * MiB, total // 64)
+        assert 0 < moved <= 64 * MiB + margin + 256 * MiB, (moved, request, g.stats())
+        assert moved < request / 2, (moved, request)  # the old rule moved request + margin
+        for s, ref in zip(slots, refs):
+            if s.evicted:
+                assert torch.equal(s.host_bytes(), ref)
+            else:
+                assert torch.equal(s.device_tensor().cpu(), ref)
+    finally:
+        del big, ballast, slots
+        torch.cuda.empty_cache()
+        g.arm(was_armed)

@@ -204,8 +204,9 @@ class Guard {
     min_available_ = min_available;
   }
 
-  // An allocation of `n` bytes on `device` failed: make room and say whether to retry.
-  bool on_oom(int device, size_t n) {
+  // An allocation of `n` bytes on `device` failed (`attempt` errors in a row for this
+  // request): make room and say whether to retry.
+  bool on_oom(int device, size_t n, int attempt) {
     if (!armed_ || g_resident.load() == 0) return false;
     ooms_++;
     // inside a CUDA graph capture a copy would be recorded, not run, and synchronising
@@ -220,15 +221,22 @@ class Guard {
     // more than asked: the allocator maps whole pages, and what is freed may not lie in
     // one piece; and a step that outgrew the forecast (a first step, which has none)
     // asks again soon, while every error costs the allocator a device synchronisation
-    // and the release of its cache: a 64th of the device per error
+    // and the release of its cache: a 64th of the device per error.
+    // The first error of a request asks only for what the device lacks (a settled step
+    // that misses its forecast by megabytes then moves megabytes, not the whole request);
+    // should that not do (free bytes in pieces the allocator cannot use), every later
+    // error of the same request asks for all of it again.
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
       (void)cudaGetLastError();
-      total_b = 0;
+      free_b = total_b = 0;
     }
     note_oom(device, n, free_b);
     const int64_t extra = std::max<int64_t>(64 << 20, static_cast<int64_t>(total_b / 64));
-    if (evict(device, static_cast<int64_t>(n) + extra) == 0) return false;
+    const int64_t want = static_cast<int64_t>(n);
+    const int64_t short_by =
+        attempt == 0 ? std::max<int64_t>(0, want - static_cast<int64_t>(free_b)) : want;
+    if (evict(device, short_by + extra) == 0) return false;
     needed_ += static_cast<int64_t>(n);
     return true;
   }
@@ -450,7 +458,7 @@ c10::DataPtr guarded_allocate(c10::Allocator* self, size_t n) {
       if (attempt > 0) Guard::get().served_++;
       return p;
     } catch (const c10::OutOfMemoryError&) {
-      if (attempt >= 16 || !Guard::get().on_oom(c10::cuda::current_device(), n)) throw;
+      if (attempt >= 16 || !Guard::get().on_oom(c10::cuda::current_device(), n, attempt)) throw;
     }
   }
 }
