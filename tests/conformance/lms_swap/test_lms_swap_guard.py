@@ -190,14 +190,14 @@ def test_a_near_miss_moves_the_shortfall_not_the_request(lms_swap, cuda_only):
     torch.cuda.empty_cache()
     slots, refs, ballast, big = [], [], [], None
     try:
-        for i in range(16):  # 4 GiB the net may move, 256 MiB at a time
+        for i in range(32):  # 8 GiB the net may move, 256 MiB at a time
             x = torch.randint(0, 255, (256 * MiB,), dtype=torch.uint8, device="cuda")
             refs.append(x.cpu())
             slots.append(g.Slot(x))
             del x
         free, total = torch.cuda.mem_get_info()
-        while free > 3 * GiB:  # the rest of the device, less 2-3 GiB
-            ballast.append(torch.empty(min(free - 2 * GiB, 8 * GiB), dtype=torch.uint8, device="cuda"))
+        while free > 7 * GiB:  # the rest of the device, less 6-7 GiB
+            ballast.append(torch.empty(min(free - 6 * GiB, 8 * GiB), dtype=torch.uint8, device="cuda"))
             free, total = torch.cuda.mem_get_info()
         request = free + 64 * MiB
         before = g.evicted_bytes()
@@ -205,7 +205,7 @@ def test_a_near_miss_moves_the_shortfall_not_the_request(lms_swap, cuda_only):
         moved = g.evicted_bytes() - before
         margin = max(64 * MiB, total // 64)
         assert 0 < moved <= 64 * MiB + margin + 256 * MiB, (moved, request, g.stats())
-        assert moved < request / 2, (moved, request)  # the old rule moved request + margin
+        assert moved < request / 2, (moved, request)  # the old rule moved all 8 GiB
         for s, ref in zip(slots, refs):
             if s.evicted:
                 assert torch.equal(s.host_bytes(), ref)

@@ -209,7 +209,7 @@ def sc_net(L, lms="1", slots="0.45", blocks="1.0", alloc_host="0.25", chunk_mb="
         g.lms_guard_slot_drop(sid)
     first = lambda key: next((i for i, b in enumerate(blocks_out) if b[key] > 0), None)  # noqa: E731
     return dict(device_total=total, chunk=chunk, n_slots=len(slot_ids), n_blocks=len(blocks_out),
-                blocks_target=int(float(blocks) * total) // chunk, failure=failure,
+                blocks_target=-(-int(float(blocks) * total) // chunk), failure=failure,
                 first_allocator_spill=first("allocator_spilled"), first_net_catch=first("net_caught"),
                 blocks=blocks_out, slots_evicted=evicted, mismatches_blocks=bad_blocks,
                 mismatches_slots=bad_slots, t_alloc_s=t_alloc, lms=lms_stats, net=net)
@@ -397,6 +397,25 @@ def sc_foreign(L, limit_mb="1024", seconds="60", passes="64", mb="128"):
     return dict(increments=done, mismatches=bad, rounds=rounds,
                 swapped_out=after.get("swap_out_bytes", 0) - before.get("swap_out_bytes", 0),
                 swapped_in=after.get("swap_in_bytes", 0) - before.get("swap_in_bytes", 0), lms=after)
+
+
+def sc_launchcost(L, gate="1", launches="20000"):
+    """What the launch gate costs a program that does not swap: the host time of one small
+    kernel launch (a 4 KiB fill, launched through ctypes), LMS on, the gate on or off."""
+    L.settings("lms:True" + ("" if gate == "1" else ",lms_launch_gate:False"))
+    x, _, m = L.alloc(4096)
+    assert x, m
+    for _ in range(200):                     # warm
+        L.fill(x, 4096, 1)
+    L.p.probe_sync()
+    n = int(launches)
+    t0 = time.perf_counter()
+    for i in range(n):
+        L.fill(x, 4096, i)
+    L.p.probe_sync()
+    us = (time.perf_counter() - t0) / n * 1e6
+    L.free(x)
+    return dict(us_per_launch=us, launches=n, lms=L.lms())
 
 
 def sc_sanitize(L):

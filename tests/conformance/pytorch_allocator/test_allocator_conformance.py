@@ -250,9 +250,26 @@ def test_foreign_stream_writer_while_lms_moves_pages(work):
     SUMMARY["foreign_stream"] = dict(increments=r["increments"], mismatches=r["mismatches"],
                                      rounds=r["rounds"], swapped_out=r["swapped_out"],
                                      swapped_in=r["swapped_in"])
+    SUMMARY["foreign_stream"].update({k: r["lms"].get(k) for k in (
+        "launch_gate.active", "launch_gate.closes", "launch_gate.close_wait_ns", "launch_gate.calls_held")})
     assert r["swapped_out"] > 0 and r["swapped_in"] > 0   # the block's pages did move
     assert r["increments"] > 0, "the foreign thread's kernels failed"
     assert r["mismatches"] == 0
+    assert r["lms"]["launch_gate.active"] == 1 and r["lms"]["launch_gate.closes"] > 0
+
+
+def test_launch_gate_cost_per_launch(work):
+    """The gate's price where nothing swaps: host time of a small launch with the gate
+    on and off (LMS on in both).  Recorded in the summary; the gate must be on in the
+    first run and off in the second."""
+    p1, on = drive(work, "launchcost", "gate=1")
+    p2, off = drive(work, "launchcost", "gate=0")
+    on, off = _need(p1, on), _need(p2, off)
+    SUMMARY["launch_gate_cost"] = dict(us_gate_on=round(on["us_per_launch"], 2),
+                                       us_gate_off=round(off["us_per_launch"], 2),
+                                       gated_calls=on["lms"]["launch_gate.gated_calls"])
+    assert on["lms"]["launch_gate.active"] == 1 and on["lms"]["launch_gate.gated_calls"] > 0
+    assert off["lms"]["launch_gate.active"] == 0
 
 
 def test_lms_off_is_upstream(work):

@@ -6,14 +6,18 @@
 
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
 #if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
 #include <c10/cuda/driver_api.h>
 #endif
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -35,6 +39,7 @@ struct Settings {
   std::atomic<bool> defrag{true};
   std::atomic<size_t> host_limit{0};
   std::atomic<bool> host_limit_set{false};
+  std::atomic<bool> launch_gate{true};
 };
 
 Settings& settings() {
@@ -163,6 +168,10 @@ void set_enabled(bool on) {
       "Large Model Support needs CUDA virtual memory management with host NUMA "
       "allocations (CUDA >= 12.2 driver and headers); not available here");
   settings().enabled = on;
+  if (on && settings().launch_gate) {
+    // before the program's threads queue work the gate would not have seen
+    launch_gate_start();
+  }
 }
 size_t limit() {
   return settings().limit.load(std::memory_order_relaxed);
@@ -231,13 +240,20 @@ bool parse_setting(
     set_host_mem_limit(static_cast<size_t>(parse_number(key, v) * kMiB));
   } else if (key == "lms_defrag") {
     set_defrag_enabled(parse_bool(key, v));
+  } else if (key == "lms_launch_gate") {
+    settings().launch_gate = parse_bool(key, v);
+    if (!settings().launch_gate) {
+      launch_gate_stop();
+    } else if (enabled()) {
+      launch_gate_start();
+    }
   } else {
     TORCH_CHECK(
         false,
         "Unrecognized CachingAllocator option: ",
         key,
         " (LMS keys: lms, lms_limit_mb, lms_size_mb, lms_host_mem_limit_mb, "
-        "lms_defrag)");
+        "lms_defrag, lms_launch_gate)");
   }
   *last = i + 2;
   return true;
@@ -328,6 +344,7 @@ std::string stats_text(int device) {
   o << "limit=" << limit() << "\n";
   o << "size=" << min_swap_size() << "\n";
   o << "defrag=" << (defrag_enabled() ? 1 : 0) << "\n";
+  o << launch_gate_stats();
   return o.str();
 }
 
@@ -427,6 +444,8 @@ size_t host_pool_total_bytes() {
   std::lock_guard<std::mutex> g(p.m);
   return p.total_bytes;
 }
+
+#include <c10/cuda/impl/LMSLaunchGate.inc>
 
 } // namespace c10::cuda::CUDACachingAllocator::lms
 

@@ -20,6 +20,8 @@
 //   lms_size_mb:N             smallest block (MiB, fractional allowed) worth swapping
 //   lms_host_mem_limit_mb:N   host swap budget in MiB (env PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB)
 //   lms_defrag:True|False     release and remap free pages before swapping
+//   lms_launch_gate:True|False hold other threads' device work while live pages
+//                             move (default True; False leaves CUPTI to profilers)
 // Off by default; with LMS off the allocator behaves exactly as upstream.
 
 #include <c10/cuda/CUDAMacros.h>
@@ -53,6 +55,30 @@ C10_CUDA_API bool parse_setting(
     const std::vector<std::string>& config,
     size_t i,
     size_t* last);
+
+// ---- the launch gate (impl/LMSLaunchGate.inc) ----
+// While a QuietDevice lives, no other thread of the process submits device
+// work (its kernel launches, copies and memsets wait at entry; CUPTI API
+// callbacks), and work queued before has finished (device synchronize). LMS
+// moves pages of live blocks only inside one. Without the gate (CUPTI missing
+// or held by another tool, or lms_launch_gate:False) only the synchronize
+// holds. start: subscribes once, false when it cannot (launch_gate_stats
+// says why).
+C10_CUDA_API bool launch_gate_start();
+C10_CUDA_API void launch_gate_stop();
+C10_CUDA_API bool launch_gate_active();
+C10_CUDA_API std::string launch_gate_stats();
+class C10_CUDA_API QuietDevice {
+ public:
+  explicit QuietDevice(int device);
+  ~QuietDevice();
+  QuietDevice(const QuietDevice&) = delete;
+  QuietDevice& operator=(const QuietDevice&) = delete;
+
+ private:
+  int device_;
+  bool gated_ = false;
+};
 
 // ---- host budget shared by the allocator's host handles and Python's
 // activation swapping (torch/cuda/lms.py _host_reserve/_host_release) ----
