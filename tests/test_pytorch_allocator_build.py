@@ -175,6 +175,7 @@ CPP_SETTINGS = r"""
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDALargeModelSupport.h>
 #include <cstdio>
+#include <string>
 namespace A = c10::cuda::CUDACachingAllocator;
 int main() {
   A::setAllocatorSettings("max_split_size_mb:64,lms:True,lms_limit_mb:100,expandable_segments:False");
@@ -182,8 +183,15 @@ int main() {
            A::CUDAAllocatorConfig::max_split_size() == 64u << 20 && !A::CUDAAllocatorConfig::expandable_segments();
   int threw = 0;
   try { A::setAllocatorSettings("lms_bogus:1"); } catch (const c10::Error&) { threw = 1; }
+  // the launch gate's switch: off says why in the stats; a bad value is refused
+  A::setAllocatorSettings("lms_launch_gate:False");
+  const std::string st = A::lms::stats_text(0);
+  int gate_off = st.find("launch_gate.active=0\n") != std::string::npos &&
+                 st.find("launch_gate.inactive_reason=4\n") != std::string::npos;
+  int gate_threw = 0;
+  try { A::setAllocatorSettings("lms_launch_gate:maybe"); } catch (const c10::Error&) { gate_threw = 1; }
   A::setAllocatorSettings("lms:False");
-  std::printf("%d %d %d\n", ok, threw, (int)A::lms::enabled());
+  std::printf("%d %d %d %d %d\n", ok, threw, (int)A::lms::enabled(), gate_off, gate_threw);
   return 0;
 }
 """
@@ -200,7 +208,7 @@ def test_allocator_settings_string_reaches_lms(builds, tmp_path):
                     *incs, *fmt, str(src), f"-L{b.build_dir}", "-lc10_cuda", "-lc10",
                     f"-Wl,-rpath,{b.build_dir}", "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["1", "1", "0"]
+    assert out == ["1", "1", "0", "1", "1"]
 
 
 GUARD_C_API = """
