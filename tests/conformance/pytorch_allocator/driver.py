@@ -30,6 +30,8 @@ class Lib:
         p.probe_check_add.restype = ctypes.c_longlong
         p.probe_add_one.argtypes = [U64, U64, U64, I]
         p.probe_record_stream.argtypes = [U64, I]
+        p.probe_launch_loop.argtypes = [U64, U64, I]
+        p.probe_launch_loop.restype = D
         p.probe_spin.argtypes = [ctypes.c_longlong, I]
         p.probe_foreign_start.argtypes = [U64, U64, I]
         p.probe_foreign_stop.restype = ctypes.c_longlong
@@ -414,8 +416,11 @@ def sc_launchcost(L, gate="1", launches="20000"):
         L.fill(x, 4096, i)
     L.p.probe_sync()
     us = (time.perf_counter() - t0) / n * 1e6
+    # the same launches from C++, 5 rounds of 10n (no ctypes in the loop); the best round
+    loop = [L.p.probe_launch_loop(x, 10 * n, 0) / (10 * n) * 1e6 for _ in range(5)]
     L.free(x)
-    return dict(us_per_launch=us, launches=n, lms=L.lms())
+    return dict(us_per_launch=us, launches=n, us_per_launch_cpp=min(loop), us_cpp_rounds=loop,
+                lms=L.lms())
 
 
 def sc_sanitize(L):

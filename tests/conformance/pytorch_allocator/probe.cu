@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -111,6 +112,18 @@ int probe_record_stream(unsigned long long p, int stream) {
 int probe_fill(unsigned long long p, unsigned long long nbytes, unsigned seed, int stream) {
   fill_kernel<<<1024, 256, 0, stream_of(stream)>>>((uint32_t*)p, nbytes / 4, seed);
   return (int)cudaGetLastError();
+}
+
+// host seconds of n back-to-back launches of a 1-block fill of p (4 KiB), synchronized at
+// the end: the per-launch price of whatever intercepts a launch (the LMS launch gate)
+double probe_launch_loop(unsigned long long p, unsigned long long n, int stream) {
+  cudaStream_t s = stream_of(stream);
+  auto t0 = std::chrono::steady_clock::now();
+  for (unsigned long long i = 0; i < n; ++i) {
+    fill_kernel<<<1, 256, 0, s>>>((uint32_t*)p, 1024, (unsigned)i);
+  }
+  if (cudaStreamSynchronize(s) != cudaSuccess) return -1.0;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // blocking check that p holds pattern(seed) + add; returns number of wrong 32-bit words, or -1

@@ -267,6 +267,8 @@ def test_launch_gate_cost_per_launch(work):
     on, off = _need(p1, on), _need(p2, off)
     SUMMARY["launch_gate_cost"] = dict(us_gate_on=round(on["us_per_launch"], 2),
                                        us_gate_off=round(off["us_per_launch"], 2),
+                                       us_cpp_gate_on=round(on["us_per_launch_cpp"], 3),
+                                       us_cpp_gate_off=round(off["us_per_launch_cpp"], 3),
                                        gated_calls=on["lms"]["launch_gate.gated_calls"])
     assert on["lms"]["launch_gate.active"] == 1 and on["lms"]["launch_gate.gated_calls"] > 0
     assert off["lms"]["launch_gate.active"] == 0
