@@ -16,6 +16,14 @@ std::vector<c10::DataPtr> g_blocks;          // plain allocations, by id
 std::string g_api_err;
 
 // Sets *oom and the error text for an exception of an allocation; returns -1.
+// Appends `x` to a registry of the harness and returns its id.
+template <class T>
+long long keep(std::vector<T>& registry, T x) {
+  std::lock_guard<std::mutex> lk(g_api_mu);
+  registry.push_back(std::move(x));
+  return static_cast<long long>(registry.size()) - 1;
+}
+
 long long failed(const std::exception& e, int* oom) {
   std::lock_guard<std::mutex> lk(g_api_mu);
   g_api_err = e.what();
@@ -56,9 +64,7 @@ long long lms_guard_slot_new(unsigned long long nbytes, int* oom) {
     s->device = c10::cuda::current_device();
     g_resident++;
     Guard::get().add(s);
-    std::lock_guard<std::mutex> lk(g_api_mu);
-    g_slots.push_back(std::move(s));
-    return static_cast<long long>(g_slots.size()) - 1;
+    return keep(g_slots, std::move(s));
   } catch (const std::exception& e) { return failed(e, oom); }
 }
 
@@ -88,10 +94,7 @@ void lms_guard_slot_drop(long long id) {
 long long lms_guard_block_new(unsigned long long nbytes, int* oom) {
   *oom = 0;
   try {
-    c10::DataPtr p = c10::cuda::CUDACachingAllocator::get()->allocate(nbytes);
-    std::lock_guard<std::mutex> lk(g_api_mu);
-    g_blocks.push_back(std::move(p));
-    return static_cast<long long>(g_blocks.size()) - 1;
+    return keep(g_blocks, c10::cuda::CUDACachingAllocator::get()->allocate(nbytes));
   } catch (const std::exception& e) { return failed(e, oom); }
 }
 

@@ -63,7 +63,9 @@ C10_CUDA_API bool parse_setting(
 // moves pages of live blocks only inside one. Without the gate (CUPTI missing
 // or held by another tool, or lms_launch_gate:False) only the synchronize
 // holds. start: subscribes once, false when it cannot (launch_gate_stats
-// says why).
+// says why). Set it once, before the program's threads run: turning the gate
+// off and on again while other threads are inside CUDA calls loses their
+// exits, and the next close would wait for them.
 C10_CUDA_API bool launch_gate_start();
 C10_CUDA_API void launch_gate_stop();
 C10_CUDA_API bool launch_gate_active();
@@ -76,7 +78,6 @@ class C10_CUDA_API QuietDevice {
   QuietDevice& operator=(const QuietDevice&) = delete;
 
  private:
-  int device_;
   bool gated_ = false;
 };
 
