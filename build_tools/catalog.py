@@ -1,7 +1,7 @@
 """What the tools know about frameworks and tags.
 
-The only per-tag data is `patches/<framework>/<tag>/profile.toml`: a tag is supported exactly when that
-file exists. Everything here is derived from the repository layout, never listed twice.
+A tag is supported exactly when `patches/<framework>/<tag>/profile.toml` exists. Everything here is
+derived from the repository layout, never listed twice.
 """
 from __future__ import annotations
 
@@ -141,18 +141,56 @@ class TagProfile:
         return out
 
 
-def src_dir(fw: Framework) -> Path:
-    """New LMS files of a framework, at their upstream paths."""
-    return patches_dir() / fw.name / "src"
-
-
-def src_files(fw: Framework) -> list[str]:
-    """Upstream-relative paths of every LMS source file of the framework, sorted."""
-    root = src_dir(fw)
+def _tree_files(root: Path) -> dict[str, Path]:
+    """Files under `root` by their path relative to it (no Python caches)."""
     if not root.is_dir():
-        return []
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"))
+        return {}
+    return {p.relative_to(root).as_posix(): p for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")}
+
+
+def _shared_files(fw: Framework) -> dict[str, Path]:
+    """patches/<fw>/shared.toml's [files]: upstream path -> file under patches/shared/."""
+    path = patches_dir() / fw.name / "shared.toml"
+    if not path.is_file():
+        return {}
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise LmsError(f"{path} is not valid TOML: {e}") from None
+    files = data.get("files", {})
+    if set(data) - {"files"} or not isinstance(files, dict):
+        raise LmsError(f"{path}: expected only a [files] table of \"<upstream path>\" = \"<file under "
+                       f"patches/shared/>\"")
+    shared = patches_dir() / "shared"
+    out = {}
+    for dest, name in files.items():
+        if any(not isinstance(s, str) or s.startswith("/") or {"", ".", ".."} & set(s.split("/"))
+               for s in (dest, name)):
+            raise LmsError(f"{path}: {dest!r} = {name!r}: both sides must be relative paths "
+                           f"without '.' or '..' parts")
+        if not (shared / name).is_file():
+            raise LmsError(f"{path}: {dest} maps to patches/shared/{name}, which does not exist")
+        out[dest] = shared / name
+    return out
+
+
+def source_map(fw: Framework, tag: str | None = None) -> dict[str, Path]:
+    """The LMS source files of the framework (and of `tag`, when given): upstream-relative path -> file
+    in patches/, sorted by path. Layers, in order: patches/<fw>/src/; the patches/shared/ files that
+    patches/<fw>/shared.toml places (never over a src/ file); patches/<fw>/<tag>/src/, which may
+    replace a file of the layers before for that tag."""
+    files = _tree_files(patches_dir() / fw.name / "src")
+    for dest, path in _shared_files(fw).items():
+        if dest in files:
+            raise LmsError(f"{dest} is both patches/{fw.name}/src/{dest} and, by patches/{fw.name}/shared.toml, "
+                           f"{path.relative_to(patches_dir()).as_posix()}",
+                           hint="keep one: delete the src/ file or the shared.toml entry")
+        files[dest] = path
+    if tag is not None:
+        files.update(_tree_files(patches_dir() / fw.name / tag / "src"))
+    return dict(sorted(files.items()))
 
 
 def supported_tags(fw: Framework) -> list[str]:

@@ -82,7 +82,7 @@ def cmd_fetch(args) -> int:
 
 def cmd_export(args) -> int:
     from .patch_factory import export
-    profiles = [p for p in _profiles(args) if args.tag or p.edit_series or catalog.src_files(p.framework)]
+    profiles = [p for p in _profiles(args) if args.tag or p.edit_series or catalog.source_map(p.framework, p.tag)]
     if not profiles:
         print("no LMS sources yet: nothing to export")
         return 0

@@ -14,7 +14,7 @@ from build_tools.patch_factory import devtree, export
 from build_tools.patch_ops.apply import apply_patch
 from build_tools.patch_ops.rebase import rebase
 from build_tools.upstream import parse_source
-from factory_fixtures import git, make_patches_dir, make_upstream
+from factory_fixtures import git, make_patches_dir, make_upstream, write
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -197,6 +197,99 @@ def test_verify_prints_a_table_and_fails_on_a_broken_patch(world, capsys):
     with pytest.raises(LmsError, match="1 of 2 patch"):
         verify([good, broken], lambda fw: world["source"])
     assert "FAILED" in capsys.readouterr().out
+
+
+# ---- source layers: patches/shared/ (by <fw>/shared.toml) and <fw>/<tag>/src/ -----------------------
+
+GATE = "// shared gate core (test)\nnamespace { int gate = 1; }\n"
+
+
+def _share(patches: Path, toml: str, files: dict[str, str] | None = None) -> None:
+    write(patches, "pytorch/shared.toml", toml)
+    for name, text in (files or {}).items():
+        write(patches, f"shared/{name}", text)
+
+
+def test_shared_file_lands_at_each_mapped_path_and_in_the_patch(world):
+    _share(world["patches"], '# upstream path = file under patches/shared/\n[files]\n'
+           '"c10/cuda/impl/GateCore.inc" = "gate_core.inc"\n"c10/util/GateCoreCopy.inc" = "gate_core.inc"\n'
+           '"torch/cuda/lms_common.py" = "py/common.py"\n',
+           {"gate_core.inc": GATE, "py/common.py": "SHARED = True\n"})
+    write(world["patches"], "tensorflow/shared.toml",
+          '[files]\n"tensorflow/core/lms/gate_core.inc" = "gate_core.inc"\n')
+    fw = world["fw"]
+    shared = world["patches"] / "shared"
+    files = catalog.source_map(fw, "v2.6.0")
+    assert list(files) == sorted(files)
+    assert files["c10/cuda/impl/GateCore.inc"] == files["c10/util/GateCoreCopy.inc"] == shared / "gate_core.inc"
+    assert files["torch/cuda/lms_common.py"] == shared / "py/common.py"
+    assert files["c10/cuda/CUDALargeModelSupport.cpp"] == \
+        world["patches"] / "pytorch/src/c10/cuda/CUDALargeModelSupport.cpp"
+    assert catalog.source_map(catalog.framework("tensorflow")) == \
+        {"tensorflow/core/lms/gate_core.inc": shared / "gate_core.inc"}
+    prof = catalog.profile(fw, "v2.6.0")
+    text = export.export(prof, world["source"]).read_text()
+    for rel in ("c10/cuda/impl/GateCore.inc", "c10/util/GateCoreCopy.inc", "torch/cuda/lms_common.py"):
+        assert f"diff --git a/{rel} b/{rel}\nnew file mode 100644\n" in text, rel
+    assert "gate_core.inc" not in text and "py/common.py" not in text, "the patch names upstream paths only"
+    applied = apply_patch(fw, "v2.6.0", world["source"], prof.patch_file, world["tmp"] / "applied")
+    assert (applied.worktree / "c10/util/GateCoreCopy.inc").read_text() == GATE
+    assert applied.files == 6
+    # a dev tree links the shared file itself (edits land in patches/shared/), and save-edits leaves it out
+    dev = devtree.make_dev_tree(prof, world["source"], world["tmp"] / "dev")
+    assert (dev / "c10/cuda/impl/GateCore.inc").resolve() == shared / "gate_core.inc"
+    git(dev, "add", "--force", "c10/cuda/impl/GateCore.inc")
+    git(dev, "commit", "-qm", "Track the linked gate by mistake")
+    saved = devtree.save_edits(prof, dev)
+    assert [p.name for p in saved] == ["0001-Call-the-LMS-hook-when-allocating.patch"]
+    assert "GateCore" not in saved[0].read_text()
+
+
+def test_tag_src_file_is_only_in_its_tag_and_replaces_the_framework_file(world):
+    patches = world["patches"]
+    write(patches, "pytorch/v2.6.1/src/c10/cuda/CUDALargeModelSupport.cpp", "// LMS for 2.6.1 only\n")
+    write(patches, "pytorch/v2.6.1/src/c10/cuda/LMSCompat261.h", "#pragma once\n")
+    # names the tag folder's own files use, under src/: upstream files there, nothing else
+    write(patches, "pytorch/v2.6.1/src/profile.toml", "[upstream]\nversion = \"9.9.9\"\n")
+    write(patches, "pytorch/v2.6.1/src/0002-not-an-edit.patch", "not an edit\n")
+    fw = world["fw"]
+    assert catalog.supported_tags(fw) == ["v2.6.0", "v2.6.1"]
+    later = catalog.profile(fw, "v2.6.1")
+    assert later.version == "2.6.1"
+    assert [p.name for p in later.edit_series] == ["0001-Call-the-LMS-hook-when-allocating.patch"]
+    assert "c10/cuda/LMSCompat261.h" not in catalog.source_map(fw)
+    assert catalog.source_map(fw, "v2.6.1")["c10/cuda/CUDALargeModelSupport.cpp"] == \
+        patches / "pytorch/v2.6.1/src/c10/cuda/CUDALargeModelSupport.cpp"
+    old = export.export(catalog.profile(fw, "v2.6.0"), world["source"]).read_text()
+    new = export.export(later, world["source"]).read_text()
+    assert "LMSCompat261.h" not in old and "diff --git a/c10/cuda/LMSCompat261.h" in new
+    assert "+// LMS (test source)" in old and "+// LMS (test source)" not in new
+    assert "+// LMS for 2.6.1 only" in new and "+// LMS for 2.6.1 only" not in old
+    assert "diff --git a/profile.toml b/profile.toml" in new
+
+
+@pytest.mark.parametrize("toml,files,message", [
+    ('[files]\n"c10/cuda/CUDALargeModelSupport.cpp" = "gate_core.inc"\n', {"gate_core.inc": GATE},
+     "c10/cuda/CUDALargeModelSupport.cpp is both patches/pytorch/src/c10/cuda/CUDALargeModelSupport.cpp and, "
+     "by patches/pytorch/shared.toml, shared/gate_core.inc"),
+    ('[files]\n"c10/cuda/impl/GateCore.inc" = "gate_cor.inc"\n', {"gate_core.inc": GATE},
+     "c10/cuda/impl/GateCore.inc maps to patches/shared/gate_cor.inc, which does not exist"),
+    ('[files]\n"c10/cuda/impl/GateCore.inc" = gate_core.inc\n', {"gate_core.inc": GATE},
+     "pytorch/shared.toml is not valid TOML"),
+    ('[file]\n"c10/cuda/impl/GateCore.inc" = "gate_core.inc"\n', {"gate_core.inc": GATE},
+     "pytorch/shared.toml: expected only a [files] table"),
+    ('[files]\n"../outside.inc" = "gate_core.inc"\n', {"gate_core.inc": GATE},
+     "both sides must be relative paths"),
+], ids=["collision", "missing-shared-file", "malformed-toml", "wrong-table", "path-escapes"])
+def test_bad_shared_toml_is_an_error_naming_it(world, toml, files, message):
+    _share(world["patches"], toml, files)
+    with pytest.raises(LmsError) as err:
+        catalog.source_map(world["fw"], "v2.6.0")
+    assert message in str(err.value)
+    env = {"LMS_PATCHES_DIR": str(world["patches"]), "LMS_CACHE_DIR": str(world["tmp"] / "cache")}
+    r = run_cli("export", "pytorch", "v2.6.0", "--source", str(world["upstream"]), env_extra=env)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert not catalog.profile(world["fw"], "v2.6.0").patch_file.exists()
 
 
 # ---- bad input --------------------------------------------------------------------------------------

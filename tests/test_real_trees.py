@@ -107,7 +107,7 @@ def test_a_full_pytorch_build_ships_every_lms_file_that_is_not_python(lms_tree):
     block = re.search(r"\n    torch_package_data = \[\n(.*?)\n    \]\n", setup, re.S)
     assert block, "torch_package_data not found in setup.py"
     patterns = re.findall(r'^\s*"([^"]+)",', block.group(1), re.M)
-    extra = [rel[len("torch/"):] for rel in catalog.src_files(catalog.framework("pytorch"))
+    extra = [rel[len("torch/"):] for rel in catalog.source_map(catalog.framework("pytorch"), "v2.6.0")
              if rel.startswith("torch/") and not rel.endswith(".py")]
     assert "cuda/lms_swap_guard.cpp" in extra
     for rel in extra:

@@ -56,20 +56,19 @@ def apply_series(worktree: Path, patches: list[Path], *, commit: bool) -> None:
 
 
 def place_sources(prof: TagProfile, worktree: Path, *, link: bool) -> list[str]:
-    """Copy (or symlink, for dev trees) every src/ file to its upstream path in the worktree."""
-    fw = prof.framework
-    root = catalog.src_dir(fw)
-    rels = catalog.src_files(fw)
-    for rel in rels:
+    """Copy (or symlink, for dev trees) every LMS source file of the tag (catalog.source_map: src/,
+    shared/, <tag>/src/) to its upstream path in the worktree."""
+    files = catalog.source_map(prof.framework, prof.tag)
+    for rel, path in files.items():
         dest = worktree / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.is_symlink() or dest.exists():
             dest.unlink()
         if link:
-            dest.symlink_to(root / rel)
+            dest.symlink_to(path)
         else:
-            shutil.copy2(root / rel, dest)
-    return rels
+            shutil.copy2(path, dest)
+    return list(files)
 
 
 def compose_commit(prof: TagProfile, worktree: Path) -> str:

@@ -1,7 +1,8 @@
 """The developer loop over a tag's edit series (in the spirit of Electron's patches/ workflow).
 
-dev-tree:   worktree at the tag, the edit series applied as commits, src/ files symlinked in place
-save-edits: the commits after the tag (minus src/ files) -> patches/<fw>/<tag>/NNNN-*.patch
+dev-tree:   worktree at the tag, the edit series applied as commits, the LMS source files (src/, shared/,
+            <tag>/src/: catalog.source_map) symlinked in place
+save-edits: the commits after the tag (minus those source files) -> patches/<fw>/<tag>/NNNN-*.patch
 """
 from __future__ import annotations
 
@@ -28,14 +29,15 @@ def make_dev_tree(prof: TagProfile, source: Source, dest: Path) -> Path:
     wt = gitutil.add_worktree(repo, dest, prof.tag)
     apply_series(wt, prof.edit_series, commit=True)
     rels = place_sources(prof, wt, link=True)
-    info(f"{len(prof.edit_series)} edit commit(s) on {prof.tag}; {len(rels)} src/ file(s) linked (edit them in place)")
+    info(f"{len(prof.edit_series)} edit commit(s) on {prof.tag}; {len(rels)} source file(s) linked "
+         f"(edit them in place)")
     info(f"commit upstream-file edits there, then: python -m build_tools save-edits {prof.framework.name} "
          f"{prof.tag} --dest {dest}")
     return wt
 
 
 def save_edits(prof: TagProfile, worktree: Path) -> list[Path]:
-    """Replace the tag's edit series by the commits tag..HEAD of `worktree`, leaving out src/ files."""
+    """Replace the tag's edit series by the commits tag..HEAD of `worktree`, leaving out LMS source files."""
     worktree = Path(worktree).resolve()
     if not gitutil.run(worktree, "rev-parse", "--git-dir", check=False).ok:
         raise LmsError(f"{worktree} is not a git worktree", hint="make one with `python -m build_tools dev-tree`")
@@ -43,7 +45,7 @@ def save_edits(prof: TagProfile, worktree: Path) -> list[Path]:
     if dirty:
         raise LmsError(f"{worktree} has uncommitted changes to upstream files:\n{dirty}",
                        hint="commit them (one commit per logical edit) and run save-edits again")
-    excludes = [f":(exclude){rel}" for rel in catalog.src_files(prof.framework)]
+    excludes = [f":(exclude){rel}" for rel in catalog.source_map(prof.framework, prof.tag)]
     tmp = Path(tempfile.mkdtemp(prefix="series-", dir=prof.dir))
     try:
         gitutil.run(worktree, *SERIES_FORMAT, "-o", str(tmp), f"{prof.tag}..HEAD", "--", ".", *excludes)

@@ -105,6 +105,24 @@ def analyse(trace_path: str) -> None:
             print(f"SIDE stream {sid}: {len(copies)} copies, {nbytes / 1e9:.1f} GB, "
                   f"{dur / 1e3:.1f} ms busy ({nbytes / max(dur, 1) / 1e3:.1f} GB/s), "
                   f"from {first / 1e3:.1f} to {last / 1e3:.1f} ms")
+            copies.sort(key=lambda e: e["ts"])
+            for a, b, name in phases:
+                # the copy engine's idle time inside the phase's GPU span, and its
+                # longest idle stretches (what the copies waited for)
+                inside = [e for e in copies if e["ts"] < b and e["ts"] + e["dur"] > a]
+                idle = [(x["ts"] + x["dur"], y["ts"] - x["ts"] - x["dur"])
+                        for x, y in zip(inside, inside[1:])
+                        if y["ts"] - x["ts"] - x["dur"] > 100]
+                if inside:
+                    head = inside[0]["ts"] - a
+                    tail = b - inside[-1]["ts"] - inside[-1]["dur"]
+                    print(f"    in {name}'s span: copies busy "
+                          f"{sum(e['dur'] for e in inside) / 1e3:.1f} ms, idle over 0.1 ms "
+                          f"{sum(g for _, g in idle) / 1e3:.1f} ms in {len(idle)} stretches, "
+                          f"{head / 1e3:.1f} ms before the first, {tail / 1e3:.1f} ms after "
+                          f"the last")
+                    for at, g in sorted(idle, key=lambda x: -x[1])[:8]:
+                        print(f"      idle at {(at - t0) / 1e3:.1f} ms: {g / 1e3:.2f} ms")
             for name in ("forward", "backward", "optimizer"):
                 mine = [e for e in copies if phase(e) == name]
                 if mine:
@@ -164,13 +182,17 @@ def main() -> int:
         into forward, backward and optimizer (no added sync)."""
         marks = []
 
+        retries = {}
+
         @contextlib.contextmanager
         def phase(name):
             with record_function("lms_" + name):
                 if phases:
                     marks.append(torch.cuda.Event(enable_timing=True))
                     marks[-1].record()
+                before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 yield
+                retries[name] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - before
 
         t0 = time.perf_counter()
         bench.zoo.train_step(loss_fn, opt, ctx, phase)
@@ -183,7 +205,7 @@ def main() -> int:
             f, b, o = (marks[i].elapsed_time(marks[i + 1]) / 1e3 for i in range(3))
             print(f"PHASES gpu forward {f:.3f} s, backward {b:.3f} s, optimizer {o:.3f} s; "
                   f"step {t1 - t0:.3f} s; peak {torch.cuda.max_memory_allocated() / 2**30:.1f}"
-                  f" GiB", flush=True)
+                  f" GiB; allocator retries {retries}", flush=True)
 
     for i in range(a.warmup):
         t0 = time.perf_counter()

@@ -17,7 +17,9 @@ Compared with :class:`torch.autograd.graph.save_on_cpu` it
   first: swapping them costs a round trip and does not lower backward's peak);
 * copies device -> host on a side stream (the forward pass goes on) and frees the device
   memory as soon as the copy has finished (``Tensor.record_stream``), with the CPU
-  throttled so that not more than ``max_inflight_bytes`` wait for a copy;
+  throttled so that the memory of tensors waiting for their copy, with the allocation,
+  leaves room under the limit for the next allocation (it waits for the oldest copies
+  first, so compute and copies run side by side);
 * copies host -> device on a second side stream, prefetching the next tensors backward
   will need (``prefetch_depth`` of them, within the device memory that is free);
 * keeps strides (channels_last stays channels_last; values and layout are restored byte
@@ -106,9 +108,12 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     swaps ~10 tensors per layer: with 16 the copies in ran 1.5 layers ahead, the compute
     stream waited for them 70% of backward, and the step took 2.44 s; with 48, 2.24 s.)
 ``max_inflight_bytes``
-    device bytes that may wait for a device->host copy before forward waits
-    (default 1 GiB or the largest tensor seen, whichever is more); under memory
-    pressure forward waits for every earlier copy before it goes on.
+    under ``policy="always"``, device bytes that may wait for a device->host copy
+    before forward waits (default 1 GiB or the largest tensor seen, whichever is
+    more); under memory pressure forward waits for every earlier copy before it goes
+    on.  With any policy, forward also waits for the oldest copies while those still
+    waiting, with the allocation, would leave less than the largest saved tensor free
+    under the limit.
 ``host_limit``
     bytes of pinned host memory for swap space, per process.  Default: env
     ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` (shared with the allocator's host spill), else
