@@ -21,6 +21,7 @@ into .cache/tf-venv).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -48,7 +49,10 @@ LMS_TESTS = [
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.PlainSubAllocatorKeepsLmsOff",
+    "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]
+WRITERS = "LmsBfc.WritersOnOtherThreadsWhilePagesMove"
+CPU_OUT = REPO / "build" / "tf_allocator" / "cpu-ci"
 
 
 def _require_toolchain():
@@ -93,8 +97,7 @@ def test_an_object_is_recompiled_when_a_header_it_includes_changes(tmp_path):
 def test_allocator_conformance_cpu(tree, tmp_path):
     """Upstream BFC tests + LMS conformance, built from the LMS tree only."""
     _require_toolchain()
-    binary = tab.build(tree, "cpu", out=REPO / "build" / "tf_allocator" / "cpu-ci",
-                       overlay_src=None)
+    binary = tab.build(tree, "cpu", out=CPU_OUT, overlay_src=None)
     xml = tmp_path / "gtest.xml"
     r = subprocess.run([str(binary), f"--gtest_output=xml:{xml}"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=900)
@@ -110,6 +113,30 @@ def test_allocator_conformance_cpu(tree, tmp_path):
     # The messages users see.
     assert "TF_GPU_HOST_MEM_LIMIT_IN_MB=" in r.stdout
     assert "tf.config.experimental.set_lms_defrag_enabled(True)" in r.stdout
+    # the writers test ran with the (stand-in) launch gate, which held writers' passes
+    assert "launch gate on)" in r.stdout
+    m = re.search(r"writers: \d+ rounds of pressure\n(?:.*\n)*?Launch gate calls held: (\d+)", r.stdout)
+    assert m and int(m.group(1)) > 0, summary
+
+
+def test_writers_test_catches_page_moves_without_the_gate(tree):
+    """The writers test is a real check: with the gate off (TF_LMS_LAUNCH_GATE=0) it is skipped,
+    naming the reason, and run anyway (LMS_TEST_RACE_WITHOUT_GATE=1) it fails, the writers'
+    increments lost while LMS moves their blocks' pages."""
+    _require_toolchain()
+    binary = tab.build(tree, "cpu", out=CPU_OUT, overlay_src=None)
+
+    def run(**env):
+        return subprocess.run([str(binary), f"--gtest_filter={WRITERS}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=300,
+                              env={**os.environ, "TF_LMS_LAUNCH_GATE": "0",
+                                   "LMS_TEST_RACE_SECONDS": "2", **env})
+    skipped = run()
+    assert skipped.returncode == 0 and f"[  SKIPPED ] {WRITERS}" in skipped.stdout, skipped.stdout[-3000:]
+    assert "launch gate inactive (reason 4" in skipped.stdout
+    raced = run(LMS_TEST_RACE_WITHOUT_GATE="1")
+    assert raced.returncode != 0 and f"[  FAILED  ] {WRITERS}" in raced.stdout, raced.stdout[-3000:]
+    assert "rounds of pressure" in raced.stdout and "CountMismatchesAdd" in raced.stdout
 
 
 # The config.proto edit and the C++ GPU wiring (gpu_process_state.cc, gpu_lms_*.cc, tfe_wrapper.cc,

@@ -27,9 +27,11 @@ import sys
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Mapping
 
 REPO = Path(__file__).resolve().parents[2]
 TF_VERSION = "2.14.1"
+TAG = "v" + TF_VERSION
 # tensorflow-cpu 2.14.1 publishes CPython 3.9-3.11 wheels. The running Python's is used (the
 # Python check installs it into a venv made from this interpreter); any of them has the same
 # headers and library, so other Pythons take the 3.11 one for the allocator build.
@@ -39,7 +41,6 @@ WHEEL_PY = PY_VERSION if PY_VERSION in TF_PYTHONS else "3.11"
 WHEEL_GLOB = f"tensorflow_cpu-{TF_VERSION}-cp{WHEEL_PY.replace('.', '')}-cp{WHEEL_PY.replace('.', '')}-manylinux*.whl"
 DEFAULT_CACHE = REPO / ".cache" / "tf_allocator"
 CONFORMANCE = REPO / "tests" / "conformance" / "tensorflow_allocator"
-LMS_SRC = REPO / "patches" / "tensorflow" / "src"
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 # Files of the (LMS) tree the program needs.
@@ -55,6 +56,9 @@ TREE_SOURCES = [
     "tensorflow/tsl/framework/lms_sub_allocator.cc",
     "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.cc",
 ]
+# the launch gate's core (patches/shared/, placed by patches/tensorflow/shared.toml), included by
+# the page backend
+TREE_CUDA_HEADERS = ["tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc"]
 TREE_CUDA_SOURCES = ["tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"]
 UPSTREAM_TEST = "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator_test.cc"
 
@@ -68,6 +72,14 @@ CXXFLAGS = [
 
 def log(msg: str) -> None:
     print(f"[tf_allocator_build] {msg}", flush=True)
+
+
+def lms_sources(tag: str = TAG) -> dict[str, Path]:
+    """The LMS files the exported patch adds, by upstream path -> file in patches/: the layers of
+    ``catalog.source_map`` (patches/tensorflow/src/, the patches/shared/ files that
+    patches/tensorflow/shared.toml places, patches/tensorflow/<tag>/src/)."""
+    from .. import catalog
+    return catalog.source_map(catalog.framework("tensorflow"), tag)
 
 
 # --------------------------------------------------------------------------
@@ -226,9 +238,11 @@ def _compile(job: tuple[list[str], Path, Path]) -> str:
 
 def build(tree: Path, target: str = "cpu", out: Path | None = None,
           cache: Path = DEFAULT_CACHE, wheel: Path | None = None,
-          overlay_src: Path | None = LMS_SRC, jobs: int | None = None,
+          overlay_src: Mapping[str, Path] | None = None, jobs: int | None = None,
           cuda_arch: str = "sm_90") -> Path:
-    """Builds the test program; returns its path."""
+    """Builds the test program; returns its path. ``overlay_src`` (upstream path -> file, e.g.
+    :func:`lms_sources`) gives the LMS files to take instead of the tree's; None: the tree's own
+    (a tree the change was applied or composed into)."""
     if target not in ("cpu", "cuda"):
         raise SystemExit(f"unknown target {target}")
     wheel_dir = ensure_wheel(cache, wheel)
@@ -243,16 +257,18 @@ def build(tree: Path, target: str = "cpu", out: Path | None = None,
     objdir.mkdir(parents=True, exist_ok=True)
 
     def tree_file(rel: str) -> Path:
-        # New LMS files come from patches/tensorflow/src when the tree lacks them
-        # (or always, with overlay_src): that is what the exported patch adds.
-        if overlay_src is not None and (overlay_src / rel).exists():
-            return overlay_src / rel
+        # With overlay_src, the LMS files come from patches/ (what the exported patch adds); the
+        # upstream files the edit series changes always come from the tree.
+        if overlay_src is not None and rel in overlay_src:
+            return overlay_src[rel]
         if (tree / rel).exists():
             return tree / rel
-        raise SystemExit(f"{rel}: neither in {tree} nor in {overlay_src}")
+        raise SystemExit(f"{rel}: not in {tree}" + (" nor among the LMS sources of patches/"
+                                                    if overlay_src is not None else ""))
 
     sources: list[Path] = []
-    for rel in TREE_HEADERS + TREE_SOURCES + (TREE_CUDA_SOURCES if target == "cuda" else []):
+    cuda_files = TREE_CUDA_HEADERS + TREE_CUDA_SOURCES if target == "cuda" else []
+    for rel in TREE_HEADERS + TREE_SOURCES + cuda_files:
         dst = overlay / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tree_file(rel), dst)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import DEFAULT_CACHE, LMS_SRC, REPO, build, log, run_tests
+from . import CUDA_HOME, DEFAULT_CACHE, REPO, build, lms_sources, log, run_tests
 
 
 def main(argv=None) -> int:
@@ -31,18 +31,21 @@ def main(argv=None) -> int:
     p.add_argument("--wheel", type=Path, default=None,
                    help="use this tensorflow-cpu 2.14.1 cp311 wheel instead of downloading")
     p.add_argument("--no-overlay-src", action="store_true",
-                   help=f"take the new LMS files from TREE only, not from {LMS_SRC.relative_to(REPO)}")
+                   help="take the LMS files from TREE only, not from patches/ (patches/tensorflow/src/, "
+                   "the patches/shared/ files patches/tensorflow/shared.toml places, "
+                   "patches/tensorflow/<tag>/src/)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("--cuda-arch", default="sm_90")
     p.add_argument("--bundle", type=Path, default=None,
                    help="copy the stripped program and libtensorflow_framework.so.2 "
-                   "here (e.g. .device/tf) to take to the GPU machine")
+                   "here (e.g. .device/tf) to take to the GPU machine; for cuda also "
+                   "CUDA_HOME's libcupti (the launch gate dlopens it)")
     p.add_argument("--run", action="store_true", help="run the program after building")
     p.add_argument("--gtest-filter", default=None)
     p.add_argument("--xml", type=Path, default=None, help="gtest XML report")
     a = p.parse_args(argv)
     binary = build(a.tree.resolve(), a.target, a.out, a.cache.resolve(), a.wheel,
-                   None if a.no_overlay_src else LMS_SRC, a.jobs, a.cuda_arch)
+                   None if a.no_overlay_src else lms_sources(), a.jobs, a.cuda_arch)
     log(f"built {binary}")
     if a.bundle:
         a.bundle.mkdir(parents=True, exist_ok=True)
@@ -52,6 +55,18 @@ def main(argv=None) -> int:
         dst.chmod(0o755)
         so = a.cache.resolve() / "wheel-2.14.1" / "tensorflow" / "libtensorflow_framework.so.2"
         shutil.copyfile(so, a.bundle / so.name)
+        if a.target == "cuda":
+            # The launch gate (gpu_lms_page_backend.cc) dlopens libcupti.so(.13, .12, ...): the
+            # program finds this copy by its rpath ($ORIGIN) when the GPU machine's loader
+            # path has none.
+            found = sorted((CUDA_HOME / "lib64").glob("libcupti.so.[0-9]*"))
+            real = [f for f in found if not f.is_symlink()] or found
+            if real:
+                soname = "libcupti.so." + real[0].name.split(".so.")[1].split(".")[0]
+                shutil.copyfile(real[0].resolve(), a.bundle / soname)
+            else:
+                log(f"no libcupti in {CUDA_HOME / 'lib64'}: the launch gate will look for one "
+                    "on the GPU machine")
         log(f"bundle in {a.bundle}: " + ", ".join(
             f"{f.name} {f.stat().st_size >> 20} MiB" for f in sorted(a.bundle.iterdir())))
     if a.run:

@@ -1,10 +1,10 @@
 """What Bazel and TensorFlow's API tests would reject before compiling anything.
 
 * BUILD edits (BUILD files parsed with Python's ``ast``: Starlark BUILD files are Python syntax):
-  every source the patch adds is in ``srcs`` of a compiling rule of its package, every header it
-  adds is in a rule or filegroup there; every label the patch adds names a target or an exported
-  file that exists, visible from the package that names it; ``@repo//`` labels name a header
-  folder the wheel ships.
+  every source the patch adds is in ``srcs`` of a compiling rule of its package, every header
+  (``.h``, ``.inc``) it adds is in a rule or filegroup there; every label the patch adds names a
+  target or an exported file that exists, visible from the package that names it; ``@repo//``
+  labels name a header folder the wheel ships.
 * API golden files (``tensorflow/tools/api/golden/v{1,2}/tensorflow.config.experimental.pbtxt``)
   list exactly the functions ``config.py`` exports under ``config.experimental``, with the
   argument names of their definitions; the v1 ``GPUOptions`` golden lists the LMS fields of the
@@ -187,7 +187,7 @@ def check_build(tree_root: Path, patch_text: str, wheel_include: Path) -> list[P
     problems: list[Problem] = []
     added = added_lines(patch_text)
     for rel in new_files(patch_text):
-        if not rel.endswith((".cc", ".h")):
+        if not rel.endswith((".cc", ".h", ".inc")):
             continue
         pkg, name = rel.rsplit("/", 1)
         bf = tree.build(pkg)
@@ -196,7 +196,7 @@ def check_build(tree_root: Path, patch_text: str, wheel_include: Path) -> list[P
             continue
         attrs = ("srcs",) if rel.endswith(".cc") else ("srcs", "hdrs", "textual_hdrs")
         listed = [n for n, (kind, kw) in bf.rules.items()
-                  if (kind not in COMPILING_RULES_EXCLUDED or (rel.endswith(".h") and kind == "filegroup"))
+                  if (kind not in COMPILING_RULES_EXCLUDED or (rel.endswith((".h", ".inc")) and kind == "filegroup"))
                   and any(name in bf.strings(kw.get(a)) for a in attrs)]
         if not listed:
             problems.append((rel, f"not listed in {'srcs of a compiling rule' if rel.endswith('.cc') else 'a rule or filegroup'} of {pkg}/BUILD"))
@@ -209,7 +209,7 @@ def check_build(tree_root: Path, patch_text: str, wheel_include: Path) -> list[P
                 err = check_label(tree, s, here, wheel_include)
                 if err:
                     problems.append((rel, err))
-            elif re.fullmatch(r"[\w./-]+\.(cc|h)", s) and not (tree_root / here / s).is_file():
+            elif re.fullmatch(r"[\w./-]+\.(cc|h|inc)", s) and not (tree_root / here / s).is_file():
                 problems.append((rel, f"lists {s}, which is not in {here}/"))
     return problems
 

@@ -180,13 +180,29 @@ TEST(LmsBfc, SpilledDataUsableInPlaceAndBroughtBack) {
 // The safety rule, TensorFlow's executor pattern: several host threads write
 // their tensors (on a GPU: kernels on one compute stream) while allocations by
 // another thread make LMS move those tensors' pages out and back; no write may
-// be lost.  Written to show that the current allocator, which neither waits for
-// nor stops those threads, loses writes: disabled until the rule is in place
-// (run it with --gtest_also_run_disabled_tests).  LMS_TEST_RACE_SECONDS (default
-// 5) is how long the pressure runs.
-TEST(LmsBfc, DISABLED_WritersOnOtherThreadsWhilePagesMove) {
+// be lost.  The allocator moves pages only in a quiesced scope, where the
+// launch gate holds the other threads' submissions (CUDA: CUPTI callbacks on
+// the writers' kernel launches; CPU: the stand-in gate of
+// lms_test_support_cpu.cc around each writer's pass) and the device is
+// synchronized.  Without the gate (no CUPTI, CUPTI taken by a profiler,
+// TF_LMS_LAUNCH_GATE=0) the writers are not held back and the allocator loses
+// their writes (CUDA: the process dies of an illegal address, error 700), so
+// the test is skipped then; LMS_TEST_RACE_WITHOUT_GATE=1 runs it anyway, to
+// show that failure.  LMS_TEST_RACE_SECONDS (default 5) is how long the
+// pressure runs.
+TEST(LmsBfc, WritersOnOtherThreadsWhilePagesMove) {
   const size_t D = lms_test::DeviceBudget();
   Fixture f = Make(D, D, true, false);
+  const LmsStats before = f.bfc->GetLmsStats();
+  const char* without = std::getenv("LMS_TEST_RACE_WITHOUT_GATE");
+  const bool race_without_gate = without != nullptr && std::atoi(without) != 0;
+  if (!before.launch_gate_active && !race_without_gate) {
+    GTEST_SKIP() << "launch gate inactive (reason "
+                 << before.launch_gate_inactive_reason
+                 << ": 1 no CUPTI library, 2 CUPTI taken by another client, "
+                    "3 CUPTI refused, 4 TF_LMS_LAUNCH_GATE=0): nothing holds "
+                    "the writers back while pages move";
+  }
   const size_t n = D / 8;
   std::vector<void*> blocks;
   for (int i = 0; i < 4; ++i) {
@@ -215,8 +231,16 @@ TEST(LmsBfc, DISABLED_WritersOnOtherThreadsWhilePagesMove) {
   }
   const std::vector<uint64_t> passes = writers.Stop();
   LmsStats ls = f.bfc->GetLmsStats();
+  LOG(INFO) << "writers: " << rounds << " rounds of pressure\n"
+            << ls.DebugString();
   EXPECT_GT(ls.bytes_swapped_out, 0);
   EXPECT_GT(ls.bytes_swapped_in, 0);
+  if (before.launch_gate_active) {
+    // The gate acted: every round closed it, and writers' submissions waited.
+    EXPECT_TRUE(ls.launch_gate_active);
+    EXPECT_GE(ls.launch_gate_closes - before.launch_gate_closes, rounds);
+    EXPECT_GT(ls.launch_gate_calls_held, before.launch_gate_calls_held);
+  }
   for (size_t i = 0; i < blocks.size(); ++i) {
     EXPECT_GT(passes[i], 0u);
     EXPECT_EQ(lms_test::CountMismatchesAdd(blocks[i], n, 900 + i,

@@ -1,11 +1,121 @@
 #include <sys/mman.h>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 
 #include "lms_test_support.h"
 
 namespace lms_test {
 namespace {
+
+// The CPU stand-in for the CUDA backend's launch gate.  On the CPU a writer's
+// "kernel" is a pass of plain stores that no CUPTI callback can see, so the
+// passes go through this gate instead (AddPasses: Enter/Leave around each),
+// and the page backend below closes it in Quiesce() and opens it in
+// Resume(), as gpu_lms_page_backend.cc does with the CUDA API.  What the CPU
+// writers test then checks is the allocator's side of the rule: every page
+// move happens inside a quiesced scope, which is reopened on every path.
+// TF_LMS_LAUNCH_GATE=0 turns it off, as it does the CUDA backend's gate.
+class StandInGate {
+ public:
+  static StandInGate& Get() {
+    static StandInGate* g = new StandInGate();
+    return *g;
+  }
+  void Close() {
+    if (!active_) return;
+    if (t_depth_++ > 0) return;  // scopes nest on the mover's thread
+    std::unique_lock<std::mutex> l(mu_);
+    ++closers_;
+    cv_.wait(l, [&] { return inside_ == 0; });
+    ++closes_;
+  }
+  void Open() {
+    if (!active_) return;
+    if (--t_depth_ > 0) return;
+    std::lock_guard<std::mutex> l(mu_);
+    --closers_;
+    cv_.notify_all();
+  }
+  void Enter() {
+    if (!active_) return;
+    std::unique_lock<std::mutex> l(mu_);
+    if (closers_ > 0 && t_depth_ == 0) {
+      ++held_;
+      cv_.wait(l, [&] { return closers_ == 0; });
+    }
+    ++inside_;
+  }
+  void Leave() {
+    if (!active_) return;
+    std::lock_guard<std::mutex> l(mu_);
+    if (--inside_ == 0) cv_.notify_all();
+  }
+  void Stats(tsl::LmsStats* s) {
+    std::lock_guard<std::mutex> l(mu_);
+    s->launch_gate_active = active_;
+    s->launch_gate_inactive_reason = active_ ? 0 : 4;
+    s->launch_gate_closes = closes_;
+    s->launch_gate_calls_held = held_;
+  }
+
+ private:
+  static bool Wanted() {
+    const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
+    if (v == nullptr) return true;
+    const std::string s(v);
+    return !(s == "0" || s == "false" || s == "False" || s == "FALSE" ||
+             s == "off" || s == "no");
+  }
+  static thread_local int t_depth_;
+  const bool active_ = Wanted();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int inside_ = 0, closers_ = 0;
+  int64_t closes_ = 0, held_ = 0;
+};
+thread_local int StandInGate::t_depth_ = 0;
+
+// The memfd page backend with the stand-in gate.
+class GatedPosixBackend : public tsl::LmsPageBackend {
+ public:
+  explicit GatedPosixBackend(size_t page_size)
+      : b_(tsl::CreatePosixLmsPageBackend(page_size)) {}
+  std::string Name() const override { return b_->Name() + "+stand-in gate"; }
+  size_t page_size() const override { return b_->page_size(); }
+  void* ReserveAddressRange(size_t bytes) override {
+    return b_->ReserveAddressRange(bytes);
+  }
+  void ReleaseAddressRange(void* base, size_t bytes) override {
+    b_->ReleaseAddressRange(base, bytes);
+  }
+  tsl::Status CreatePage(bool host, PageHandle* handle) override {
+    return b_->CreatePage(host, handle);
+  }
+  void DestroyPage(bool host, PageHandle handle) override {
+    b_->DestroyPage(host, handle);
+  }
+  tsl::Status Map(void* va, bool host, PageHandle handle) override {
+    return b_->Map(va, host, handle);
+  }
+  tsl::Status Unmap(void* va) override { return b_->Unmap(va); }
+  tsl::Status Remap(void* va, size_t n, bool to_host,
+                    const std::vector<PageHandle>& to) override {
+    return b_->Remap(va, n, to_host, to);
+  }
+  void Quiesce() override { StandInGate::Get().Close(); }
+  void Resume() override { StandInGate::Get().Open(); }
+  void AddLaunchGateStats(tsl::LmsStats* s) const override {
+    StandInGate::Get().Stats(s);
+  }
+  tsl::AllocatorMemoryType GetMemoryType() const override {
+    return b_->GetMemoryType();
+  }
+
+ private:
+  std::unique_ptr<tsl::LmsPageBackend> b_;
+};
 
 inline uint32_t Pattern(uint32_t seed, size_t i) {
   uint64_t x = (static_cast<uint64_t>(seed) << 32) ^ (i * 0x9E3779B97F4A7C15ull);
@@ -43,8 +153,8 @@ size_t DeviceBudget() { return size_t{64} << 20; }
 std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocator(
     size_t va_bytes, size_t device_bytes, size_t host_bytes) {
   return tsl::LmsVirtualMemSubAllocator::Create(
-      tsl::CreatePosixLmsPageBackend(size_t{2} << 20), va_bytes, device_bytes,
-      host_bytes);
+      std::make_unique<GatedPosixBackend>(size_t{2} << 20), va_bytes,
+      device_bytes, host_bytes);
 }
 
 std::unique_ptr<tsl::SubAllocator> PlainSubAllocator(size_t) {
@@ -73,8 +183,10 @@ void* WritersBegin() { return nullptr; }
 void WritersEnd(void*) {}
 
 int AddPasses(void*, void* p, size_t bytes) {
+  StandInGate::Get().Enter();  // a "launch": waits while pages move
   volatile uint32_t* w = static_cast<volatile uint32_t*>(p);
   for (size_t i = 0; i < bytes / 4; ++i) w[i] = w[i] + 1;
+  StandInGate::Get().Leave();
   return 1;
 }
 

@@ -11,11 +11,15 @@ along (the GPU machine has no TensorFlow wheel and no internet):
 then run with ``carry=[".device/tf"]``.  It holds TensorFlow's own
 gpu_bfc_allocator_test.cc (adapted for a standalone build, see
 build_tools/tf_allocator_build) and tests/conformance/tensorflow_allocator/
-lms_bfc_allocator_test.cc.
+lms_bfc_allocator_test.cc, whose writers test runs four threads launching
+kernels on one stream while LMS moves their blocks' pages: the launch gate
+(CUPTI; the bundle carries libcupti) must hold them, or the process dies of an
+illegal address (error 700).
 """
 
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,7 +41,12 @@ MUST_PASS = [
     "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
+    "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]
+# gtest skips the writers test when the launch gate is inactive; only a missing CUPTI library
+# (reason 1) is the machine's fault rather than the code's
+NO_CUPTI = "launch gate inactive (reason 1"
+WRITERS = "LmsBfc.WritersOnOtherThreadsWhilePagesMove"
 
 
 @pytest.mark.gpu
@@ -55,4 +64,7 @@ def test_tensorflow_lms_allocator_on_gpu(tmp_path):
     upstream = [n for n in res if n.startswith("GPUBFCAllocator") and ".DISABLED_" not in n]
     assert len(upstream) >= 25, res
     for name in upstream + MUST_PASS:
+        if name == WRITERS and res.get(name) == "skipped" and NO_CUPTI in r.stdout:
+            warnings.warn("the writers test was skipped: no CUPTI library on this machine")
+            continue
         assert res.get(name) in ("completed", "run"), (name, res.get(name), tail)

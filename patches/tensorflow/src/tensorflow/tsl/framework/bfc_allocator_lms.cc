@@ -37,6 +37,44 @@ limitations under the License.
 // Recency: an allocation's recency is its allocation id (allocation order),
 // raised by LmsTouch (for callers that know an allocation is about to be
 // used, e.g. an executor before a kernel launch).
+//
+// Moving pages that device work may touch.  Pages of live allocations are
+// copied and remapped (spill, swap-in), pages of free chunks unmapped
+// (defrag, frees: stream-ordered frees leave queued work that may still read
+// them), only inside a LmsVirtualMemSubAllocator::QuietScope: the backend is
+// quiesced for the life of the scope.  With the CUDA backend that is the
+// launch gate (gpu_lms_page_backend.cc): the gate closes (new kernel
+// launches, copies and memsets of other threads wait at the API call's
+// entry; calls already inside have returned), the device is synchronized,
+// the pages move, and the scope's end opens the gate, on every path out
+// (errors and early returns too).  The mover's own calls pass the gate
+// (per thread), and scopes nest (LmsPrepareChunk inside LmsAllocateSlow).
+// TensorFlow's executor launches from many threads onto one compute stream
+// without telling the allocator, so waiting for the allocator's own streams
+// would not do.  Without the gate (TF_LMS_LAUNCH_GATE=0, no CUPTI, or CUPTI
+// taken by a profiler) the scope only synchronizes the device: work queued
+// before the move is covered, launches made during it by other threads are
+// not (GetLmsStats().launch_gate_active says which rule holds).
+//
+// Lock order: lock_, then the gate.  Every scope is opened with lock_ held,
+// and the mover holds lock_ while it waits for the gate to close and while
+// the gate is closed.  That cannot deadlock because
+//  (a) no thread waits for lock_ from inside a gated call: CUDA API calls
+//      never call back into the allocator; host functions on streams
+//      (cuLaunchHostFunc) must not allocate or free with an LMS allocator,
+//      which the device synchronization under lock_ needed before the gate;
+//      so the threads the mover waits for (those inside a gated call) all
+//      return;
+//  (b) while the gate is closed the mover waits only for the device and
+//      the driver, never for a lock a thread held at the gate may own: in a
+//      scope the allocator only copies, maps and unmaps pages and updates its
+//      own state (no SubAllocator visitor runs in a scope: Extend, which
+//      calls the alloc visitors, is outside them), and a thread held at the
+//      gate cannot own this lock_ (the mover does).  A thread held at the gate
+//      may own another allocator's lock; that allocator's mover then waits for
+//      its lock_, not at the gate, until this scope ends.  Two movers of two
+//      allocators may close the gate at once: each passes its own calls and
+//      neither waits for the other.
 
 #include <algorithm>
 #include <utility>
@@ -67,6 +105,8 @@ void BFCAllocator::LmsInit() {
   mutex_lock l(lock_);
   lms_stats_.enabled = true;
   lms_stats_.defrag_enabled = opts_.lms_defrag_enabled;
+  LmsStats gate;
+  lms_->AddLaunchGateStats(&gate);
   LOG(INFO) << "Large Model Support enabled for " << name_ << " (device limit "
             << strings::HumanReadableNumBytes(lms_->device_bytes_limit())
             << ", host swap limit "
@@ -74,7 +114,12 @@ void BFCAllocator::LmsInit() {
             << ", defrag " << (opts_.lms_defrag_enabled ? "on" : "off")
             << ", pages of "
             << strings::HumanReadableNumBytes(lms_->page_size()) << " via "
-            << lms_->backend_name() << ")";
+            << lms_->backend_name() << ", launch gate "
+            << (gate.launch_gate_active
+                    ? std::string("on")
+                    : strings::StrCat("off (reason ",
+                                      gate.launch_gate_inactive_reason, ")"))
+            << ")";
 }
 
 uint64 BFCAllocator::LmsRecency(ChunkHandle h) {
@@ -105,7 +150,7 @@ void BFCAllocator::LmsPrepareChunk(ChunkHandle h) {
       lms_->CountPages(c->ptr, c->size,
                        LmsVirtualMemSubAllocator::PageState::kHost) > 0) {
     // Pages shared with spilled neighbours: bring them back while we can.
-    lms_->Quiesce();
+    LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
     size_t n = 0;
     s = lms_->FetchRange(c->ptr, c->size, &n);
     if (!s.ok()) LOG(ERROR) << "LMS: swap-in failed: " << s;
@@ -193,8 +238,6 @@ void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
   const size_t ps = lms_->page_size();
   const size_t region_bytes = RoundUpTo(rounded_bytes, ps);
   const size_t need = region_bytes / ps;
-  // Pages are about to be copied or unmapped: let queued device work finish.
-  lms_->Quiesce();
 
   const int64_t swapped_before = lms_stats_.bytes_swapped_out;
   bool defragged = false;
@@ -204,6 +247,10 @@ void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
   // under free chunks other than 'target', fragments too small for this
   // request first; then spills the least recently used allocations.
   auto make_room = [&](size_t want, ChunkHandle target) {
+    if (lms_->DevicePagesAvailable() >= want) return true;
+    // Pages are about to be unmapped or moved: quiesce the device until they
+    // are in place (the scope ends with this call).
+    LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
     if (opts_.lms_defrag_enabled && lms_->DevicePagesAvailable() < want) {
       size_t released = LmsReleaseFreePages(
           want - lms_->DevicePagesAvailable(), rounded_bytes, target);
@@ -320,22 +367,25 @@ void BFCAllocator::LmsOnFree(const void* freed_ptr, ChunkHandle h) {
   const uintptr_t lo = RoundUpTo(b, ps);
   const uintptr_t hi = RoundDownTo(b + c->size, ps);
   if (hi <= lo) return;
-  // Queued work may still read the freed memory (stream ordered frees).
-  lms_->Quiesce();
-  size_t host_released = 0;
-  lms_->ReleaseRange(reinterpret_cast<void*>(lo), hi - lo, &host_released);
-  // Spilled data has priority over cached free device memory: release the
-  // device pages under other free chunks too, then bring data back.
-  if (lms_->host_pages_mapped() > lms_->DevicePagesAvailable()) {
-    LmsReleaseFreePages(
-        lms_->host_pages_mapped() - lms_->DevicePagesAvailable(), SIZE_MAX,
-        kInvalidChunkHandle);
+  {
+    // Queued work may still read the freed memory (stream ordered frees).
+    LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
+    size_t host_released = 0;
+    lms_->ReleaseRange(reinterpret_cast<void*>(lo), hi - lo, &host_released);
+    // Spilled data has priority over cached free device memory: release the
+    // device pages under other free chunks too, then bring data back.
+    if (lms_->host_pages_mapped() > lms_->DevicePagesAvailable()) {
+      LmsReleaseFreePages(
+          lms_->host_pages_mapped() - lms_->DevicePagesAvailable(), SIZE_MAX,
+          kInvalidChunkHandle);
+    }
+    LmsFetchMru();
   }
-  LmsFetchMru();
   // Keep a small host pool for the next spill; give the rest back.
   lms_->TrimHostPool(lms_->device_bytes_limit() / ps / 8);
 }
 
+// In a QuietScope (LmsOnFree).
 void BFCAllocator::LmsFetchMru() {
   if (lms_->host_pages_mapped() == 0 || lms_->DevicePagesAvailable() == 0) {
     return;
@@ -368,7 +418,7 @@ void BFCAllocator::LmsTouch(const void* ptr) {
   if (lms_->DevicePagesAvailable() > 0 &&
       lms_->CountPages(c->ptr, c->size,
                        LmsVirtualMemSubAllocator::PageState::kHost) > 0) {
-    lms_->Quiesce();
+    LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
     size_t n = 0;
     Status s = lms_->FetchRange(c->ptr, c->size, &n);
     if (!s.ok()) LOG(ERROR) << "LMS: swap-in failed: " << s;
@@ -390,6 +440,7 @@ LmsStats BFCAllocator::GetLmsStats() {
     s.host_bytes_in_use = lms_->host_pages_mapped() * ps;
     s.peak_host_bytes_in_use = lms_->peak_host_pages_mapped() * ps;
     s.host_bytes_reserved = lms_->host_pages_created() * ps;
+    lms_->AddLaunchGateStats(&s);
   }
   return s;
 }

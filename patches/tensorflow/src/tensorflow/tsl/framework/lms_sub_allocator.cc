@@ -47,7 +47,13 @@ std::string LmsStats::DebugString() const {
       "\nPages swapped in: ", num_swap_ins, "\nReclaims: ", num_reclaims,
       "\nDefrag events: ", num_defrag_events,
       "\nBytes defragmented: ", bytes_defragmented,
-      "\nFailures: ", num_failures, "\n");
+      "\nFailures: ", num_failures,
+      "\nLaunch gate active: ", launch_gate_active,
+      "\nLaunch gate inactive reason: ", launch_gate_inactive_reason,
+      "\nLaunch gate gated calls: ", launch_gate_gated_calls,
+      "\nLaunch gate closes: ", launch_gate_closes,
+      "\nLaunch gate close wait ns: ", launch_gate_close_wait_ns,
+      "\nLaunch gate calls held: ", launch_gate_calls_held, "\n");
 }
 
 size_t LmsHostMemLimitFromEnv(size_t default_bytes) {

@@ -72,6 +72,20 @@ struct LmsStats {
   int64_t bytes_defragmented = 0;      // Free device bytes remapped by defrag.
   int64_t num_failures = 0;            // Requests LMS could not serve.
 
+  // The launch gate of the page backend (process-wide; see
+  // LmsPageBackend::Quiesce): while it is active, other threads' kernel
+  // launches, copies and memsets wait while pages of live allocations move.
+  // Counters come from the CUDA backend (launch_gate.* of the shared core).
+  bool launch_gate_active = false;
+  // 0 active, 1 no CUPTI library, 2 another CUPTI subscriber holds CUPTI
+  // (TensorFlow's profiler, Nsight, compute-sanitizer), 3 CUPTI refused,
+  // 4 off (TF_LMS_LAUNCH_GATE=0), 5 not tried (a backend without a gate).
+  int64_t launch_gate_inactive_reason = 5;
+  int64_t launch_gate_gated_calls = 0;     // API functions the gate watches.
+  int64_t launch_gate_closes = 0;          // Moves that closed the gate.
+  int64_t launch_gate_close_wait_ns = 0;   // Time closing waited for calls.
+  int64_t launch_gate_calls_held = 0;      // Calls that waited at the gate.
+
   std::string DebugString() const;
 };
 
@@ -102,8 +116,16 @@ class LmsPageBackend {
   // recycles them).  The contents at 'va' are the same before and after.
   virtual Status Remap(void* va, size_t n, bool to_host,
                        const std::vector<PageHandle>& to) = 0;
-  // Waits until no device work can still touch memory of this allocator.
+  // Quiesce() is called before pages that may hold live data are copied or
+  // unmapped, Resume() once they are in place again (always paired, on the
+  // same thread, by LmsVirtualMemSubAllocator::QuietScope; pairs may nest).
+  // Between them no device work may touch memory of this allocator: the CUDA
+  // backend closes its launch gate (other threads' work submissions wait)
+  // and synchronizes the device; Resume() opens the gate.
   virtual void Quiesce() {}
+  virtual void Resume() {}
+  // Adds the launch gate's state and counters (LmsStats::launch_gate_*).
+  virtual void AddLaunchGateStats(LmsStats* stats) const {}
   virtual AllocatorMemoryType GetMemoryType() const {
     return AllocatorMemoryType::kDevice;
   }
@@ -162,8 +184,25 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   // Maps device pages under the unbacked pages of [p, p + bytes).  Fails when
   // not enough device pages are available (nothing is mapped then).
   Status BackRange(const void* p, size_t bytes);
-  // Quiesce the device before pages that may be in use are copied/unmapped.
-  void Quiesce() { backend_->Quiesce(); }
+  // While one lives, pages that may be in use can be copied and unmapped:
+  // the backend is quiesced (LmsPageBackend::Quiesce) from its construction
+  // to its destruction, on every path out of the scope.
+  class QuietScope {
+   public:
+    explicit QuietScope(LmsVirtualMemSubAllocator* a)
+        : backend_(a->backend_.get()) {
+      backend_->Quiesce();
+    }
+    ~QuietScope() { backend_->Resume(); }
+
+   private:
+    LmsPageBackend* const backend_;
+    QuietScope(const QuietScope&) = delete;
+    void operator=(const QuietScope&) = delete;
+  };
+  void AddLaunchGateStats(LmsStats* stats) const {
+    backend_->AddLaunchGateStats(stats);
+  }
 
   size_t device_bytes_limit() const { return device_limit_pages_ * page_size_; }
   size_t host_bytes_limit() const { return host_limit_pages_ * page_size_; }

@@ -17,7 +17,17 @@ limitations under the License.
 
 #if GOOGLE_CUDA
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,7 +36,125 @@ limitations under the License.
 #include "tensorflow/tsl/platform/strcat.h"
 
 namespace tensorflow {
+namespace gpu_lms {
+// The launch gate's core (CUPTI API callbacks on every work-submitting driver
+// and runtime call; close() holds other threads' submissions at entry and
+// waits for those inside, open() lets them go): framework-neutral, shared
+// with PyTorch's LMS (patches/shared/lms_launch_gate_core.inc).
+#include "tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc"
+}  // namespace gpu_lms
+
 namespace {
+
+// ---------------------------------------------------------------------------
+// Large Model Support's launch gate in TensorFlow.
+//
+// TensorFlow's executor launches the kernels of a GPU from many host threads
+// onto one compute stream, and NCCL, tf.data and user code have streams of
+// their own: none of them tells the allocator what it is about to touch.  So
+// before LMS copies or unmaps pages that may hold live data, the page backend
+// (Quiesce) closes the launch gate: new kernel launches, copies, memsets and
+// stream memory operations of every other thread wait at the CUDA API call's
+// entry, calls already inside have returned; then the context is
+// synchronized, so nothing queued before can still run.  Resume() opens the
+// gate when the pages are in place.  The mover's own calls pass (per thread).
+// The lock order this relies on (BFC allocator lock, then the gate) is
+// argued in tensorflow/tsl/framework/bfc_allocator_lms.cc.
+//
+// The gate is started once per process, when the first LMS page backend is
+// created (GPU device creation, before the executor runs work), and never
+// stopped: a gate switched off and on again mid-run would lose the exits of
+// calls in flight.  TF_LMS_LAUNCH_GATE=0 (or false/off) leaves it off.
+//
+// CUPTI (dlopen'ed by the core: libcupti.so from the loader path, CUDA_HOME
+// or /usr/local/cuda) takes one subscriber per process, and TensorFlow's
+// profiler (tf.profiler, the GPU tracer of TensorBoard's profile plugin) is
+// a CUPTI subscriber too: under a profiler that subscribed first the gate
+// cannot subscribe (launch_gate_inactive_reason 2) and the old rule holds,
+// a device synchronization before each move, which covers work queued before
+// it but not launches made during it by other threads.  With the gate on, the
+// profiler's GPU tracer is the one that cannot subscribe; to profile GPU
+// activity with LMS, set TF_LMS_LAUNCH_GATE=0.  GetLmsStats() (and
+// tf.config.experimental.get_memory_stats, lms_launch_gate_*) says which rule
+// holds.
+using gpu_lms::LaunchGate;
+
+bool LaunchGateWanted() {
+  const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
+  if (v == nullptr || *v == '\0') return true;
+  for (const char* off : {"0", "false", "False", "FALSE", "off", "no"}) {
+    if (std::strcmp(v, off) == 0) return false;
+  }
+  return true;
+}
+
+// Reads the core's "launch_gate.<key>=<value>" lines into 'stats'.
+void ReadLaunchGateStats(tsl::LmsStats* stats) {
+  std::istringstream in(LaunchGate::get().stats());
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = line.substr(0, eq);
+    const int64_t v = std::strtoll(line.c_str() + eq + 1, nullptr, 10);
+    if (key == "launch_gate.active") {
+      stats->launch_gate_active = v != 0;
+    } else if (key == "launch_gate.inactive_reason") {
+      stats->launch_gate_inactive_reason = v;
+    } else if (key == "launch_gate.gated_calls") {
+      stats->launch_gate_gated_calls = v;
+    } else if (key == "launch_gate.closes") {
+      stats->launch_gate_closes = v;
+    } else if (key == "launch_gate.close_wait_ns") {
+      stats->launch_gate_close_wait_ns = v;
+    } else if (key == "launch_gate.calls_held") {
+      stats->launch_gate_calls_held = v;
+    }
+  }
+}
+
+// Starts the gate the first time an LMS page backend is created.
+void StartLaunchGateOnce() {
+  static const bool once = [] {
+    LaunchGate& gate = LaunchGate::get();
+    if (!LaunchGateWanted()) {
+      gate.stop();  // never started: records "off by setting"
+      LOG(INFO) << "Large Model Support: launch gate off (TF_LMS_LAUNCH_GATE): "
+                   "pages of live tensors move after a device "
+                   "synchronization only";
+      return false;
+    }
+    if (gate.start()) {
+      tsl::LmsStats s;
+      ReadLaunchGateStats(&s);
+      LOG(INFO) << "Large Model Support: launch gate on ("
+                << s.launch_gate_gated_calls
+                << " CUDA API functions held while pages of live tensors "
+                   "move)";
+      return true;
+    }
+    tsl::LmsStats s;
+    ReadLaunchGateStats(&s);
+    LOG(WARNING) << "Large Model Support: launch gate unavailable (reason "
+                 << s.launch_gate_inactive_reason
+                 << (s.launch_gate_inactive_reason == 1
+                         ? ": no CUPTI library found"
+                         : s.launch_gate_inactive_reason == 2
+                               ? ": CUPTI is taken by another client, e.g. "
+                                 "TensorFlow's profiler"
+                               : ": CUPTI refused")
+                 << "): pages of live tensors move after a device "
+                    "synchronization only, which does not hold back kernels "
+                    "that other threads launch meanwhile";
+    return false;
+  }();
+  (void)once;
+}
+
+// Quiesce/Resume pairs of this thread (they nest: a swap-in inside the slow
+// allocation path) and whether the outermost one closed the gate.
+thread_local int t_quiet_depth = 0;
+thread_local bool t_quiet_gated = false;
 
 using tsl::LmsPageBackend;
 using tsl::Status;
@@ -138,10 +266,27 @@ class GpuLmsPageBackend : public LmsPageBackend {
     }
     return tsl::OkStatus();
   }
+  // Closes the launch gate (when it is active) and synchronizes the context;
+  // Resume() opens the gate again.  A failed synchronization is logged and
+  // the gate stays closed until Resume(): QuietScope pairs them on every
+  // path.
   void Quiesce() override {
+    if (t_quiet_depth++ == 0) {
+      t_quiet_gated = LaunchGate::get().active();
+      if (t_quiet_gated) LaunchGate::get().close();
+    }
     ScopedContext sc(ctx_);
     CUresult r = cuCtxSynchronize();
     if (r != CUDA_SUCCESS) LOG(ERROR) << CuStatus(r, "cuCtxSynchronize");
+  }
+  void Resume() override {
+    if (--t_quiet_depth == 0 && t_quiet_gated) {
+      t_quiet_gated = false;
+      LaunchGate::get().open();
+    }
+  }
+  void AddLaunchGateStats(tsl::LmsStats* stats) const override {
+    ReadLaunchGateStats(stats);
   }
 
   CUmemAllocationProp Prop(bool host) const {
@@ -270,6 +415,7 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
     cuStreamDestroy(stream);
     return s;
   }
+  StartLaunchGateOnce();
   return std::unique_ptr<tsl::LmsPageBackend>(new GpuLmsPageBackend(
       context, device_ordinal, dev, numa_id, page, stream, scratch,
       scratch_pages));

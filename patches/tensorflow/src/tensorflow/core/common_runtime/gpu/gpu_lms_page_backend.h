@@ -18,6 +18,11 @@ limitations under the License.
 // (CU_MEM_LOCATION_TYPE_HOST_NUMA, CUDA >= 12.2) and mapped at the same
 // virtual address when a device page is spilled, so the GPU keeps reading and
 // writing the data through the same pointer.
+//
+// Before pages that may hold live data move, Quiesce() closes the launch gate
+// (CUPTI callbacks hold every other thread's kernel launches and copies at the
+// CUDA API) and synchronizes the context; Resume() opens it (see the .cc).
+// The gate starts with the first backend; TF_LMS_LAUNCH_GATE=0 leaves it off.
 
 #ifndef TENSORFLOW_CORE_COMMON_RUNTIME_GPU_GPU_LMS_PAGE_BACKEND_H_
 #define TENSORFLOW_CORE_COMMON_RUNTIME_GPU_GPU_LMS_PAGE_BACKEND_H_
