@@ -69,6 +69,7 @@ class _DevState:
         "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
+        "seen",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -107,3 +108,5 @@ class _DevState:
         self.fwd_base = 0       # the allocation where the net's running peak was marked
         self.fwd_marked = False  # ... at this forward's start
         self.bwd_peak: Optional[int] = None  # the last backward's peak the margin learned from
+        # the last reading of the allocation: (pass id, bytes allocated, self.saved then)
+        self.seen: Optional[tuple] = None
