@@ -427,6 +427,16 @@ def test_tail_rule(m):
     assert not m.in_tail(37 * G, 3 * G, None, 3 * G)        # first step: nothing known
 
 
+def test_inflight_room(m):
+    G = 1 << 30
+    # a 78 GiB limit, 10 GiB the largest saved tensor, 60 GiB allocated
+    assert m.inflight_room(78 * G, 10 * G, 60 * G, 0) == 8 * G       # at a kept tensor
+    # the tensor being swapped is in the allocation and in the copies: counted once
+    assert m.inflight_room(78 * G, 10 * G, 60 * G, 5 * G) == 13 * G
+    # no room for the next allocation: every older copy must finish first
+    assert m.inflight_room(78 * G, 10 * G, 70 * G, 0) == -2 * G
+
+
 def test_forward_end_prediction(m):
     G = 1 << 30
     # the previous forward read the allocation at 10, 20 and 30 GiB saved; it swapped

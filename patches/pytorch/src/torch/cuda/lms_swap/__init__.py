@@ -164,7 +164,7 @@ from .environment import (ENV_HOST_LIMIT, ENV_THRESHOLD, GiB, KiB, LMSHostMemory
 from .guard import GUARD_SOURCE, build_guard, load_guard  # noqa: F401
 from .host_pool import HostPool  # noqa: F401
 from .policy import (SwapConfig, _dense_span, damped, growth_to_end, in_tail,  # noqa: F401
-                     learn_margin, next_margin_factor, next_plan, next_reserve_factor,
+                     inflight_room, learn_margin, next_margin_factor, next_plan, next_reserve_factor,
                      next_slack, predict_forward_end, should_swap, swap_trigger)
 from .state import _DevState  # noqa: F401
 from .swapper import ActivationSwapper

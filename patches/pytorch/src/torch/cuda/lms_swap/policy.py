@@ -131,6 +131,15 @@ def should_swap(nbytes: int, allocated: int, device_limit: int, margin: int) -> 
     return allocated + nbytes > swap_trigger(device_limit, margin)
 
 
+def inflight_room(device_limit: int, largest: int, allocated: int, nbytes: int) -> int:
+    """Device bytes that tensors waiting for their copy out may hold, by the in-flight
+    bound: the limit less room for the next allocation (``largest``, the largest saved
+    tensor) less the allocation.  ``nbytes`` is the tensor being swapped right now, which
+    the allocation and the copies both count.  Forward waits for its oldest copies while
+    more than this waits (negative: for all of them but the current one)."""
+    return int(device_limit) - int(largest) - (int(allocated) - int(nbytes))
+
+
 def in_tail(saved_before: int, nbytes: int, prev_saved: Optional[int], largest: int) -> bool:
     """Whether a tensor is one of the last that forward saves, by the previous step:
     less than ``largest`` bytes were saved after its position (``saved_before`` bytes

@@ -17,7 +17,7 @@ from .forecast import _StepForecast
 from .guard import load_guard, loaded_guard
 from .host_pool import HostPool
 from .pinned import _releaser
-from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
+from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail, inflight_room,
                      predict_forward_end, should_swap, swap_trigger)
 from .state import _DevState, _Swapped, _check_version
 
@@ -422,18 +422,17 @@ class ActivationSwapper(_StepForecast):
         self._drain(st, wait=False)
         if not st.inflight:
             return
-        # (the tensor being swapped is counted by both the allocation and the copies)
-        top = self._device_limit(st) - st.largest
+        limit, largest = self._device_limit(st), st.largest
         seen = st.seen
         if seen is not None and seen[0] == self._pass_id and st.saved >= seen[2]:
             # the last reading plus every byte saved since, and one more tensor (the
             # output of the op that saved this one, not saved yet), without a query
             # while that leaves room (memory_allocated builds the allocator's whole
             # statistics dictionary; an EfficientNet saves hundreds of tensors a step)
-            est = seen[1] + st.saved - seen[2] - nbytes + st.largest
-            if st.inflight_bytes <= top - est:
+            est = seen[1] + st.saved - seen[2] + largest
+            if st.inflight_bytes <= inflight_room(limit, largest, est, nbytes):
                 return
-        room = top - (self._allocated(st) - nbytes)
+        room = inflight_room(limit, largest, self._allocated(st), nbytes)
         if st.inflight_bytes > room:
             self.c["inflight_bounded"] += 1
             self._drain(st, wait=True, allowance=max(nbytes, room))
