@@ -11,18 +11,19 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .copies import _CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
                           _host_total, host_mem_limit_from_env, local_world_size)
 from .forecast import _StepForecast
 from .guard import load_guard, loaded_guard
 from .host_pool import HostPool
 from .pinned import _releaser
-from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail, inflight_room,
+from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
                      predict_forward_end, should_swap, swap_trigger)
 from .state import _DevState, _Swapped, _check_version
 
 
-class ActivationSwapper(_StepForecast):
+class ActivationSwapper(_StepForecast, _CopyPacing):
     """Saved-tensor hooks that swap activations to host memory under pressure.
 
     An instance is a context manager (like ``save_on_cpu``)::
@@ -214,9 +215,6 @@ class ActivationSwapper(_StepForecast):
         st.seen = (self._pass_id, alloc, st.saved)
         return alloc
 
-    def _inflight_allowance(self, st: _DevState) -> int:
-        return max(int(self.config.max_inflight_bytes), st.largest)
-
     def _record_trace(self, st: _DevState, what: str) -> None:
         alloc = self._allocated(st) if st.index is not None else 0
         host = self._pool.in_use if self._pool is not None else 0
@@ -402,58 +400,6 @@ class ActivationSwapper(_StepForecast):
         self.c["out_bytes"] += nbytes
         return h
 
-    def _bound_inflight(self, st: _DevState, nbytes: int) -> None:
-        """Keeps the device memory of tensors waiting for their copy out, with the
-        allocation, under the limit less room for the next allocation (the largest
-        saved tensor): waits for the oldest copies first, as few as needed.  Checked at
-        every tensor forward saves while copies run (``nbytes``: the bytes of it that
-        are being copied out).
-
-        A swapped tensor's memory cannot be reused until its copy has run, and
-        ``memory_allocated`` no longer counts it once forward drops it.  Unbounded, the
-        CPU, far ahead of the GPU, queued every copy of a forward at once, and when the
-        caching allocator ran out it released its cache, which waits for every pending
-        copy: the compute stream stood still until the last one had run (a UNet at 1.5x
-        on the H100 queued 49 GB in 14 ms; 0.34 s of forward's compute then ran after
-        all copies instead of beside them).  Waiting for the oldest copies only keeps
-        compute and copies side by side."""
-        if st.index is None:
-            return
-        self._drain(st, wait=False)
-        if not st.inflight:
-            return
-        limit, largest = self._device_limit(st), st.largest
-        seen = st.seen
-        if seen is not None and seen[0] == self._pass_id and st.saved >= seen[2]:
-            # the last reading plus every byte saved since, and one more tensor (the
-            # output of the op that saved this one, not saved yet), without a query
-            # while that leaves room (memory_allocated builds the allocator's whole
-            # statistics dictionary; an EfficientNet saves hundreds of tensors a step)
-            est = seen[1] + st.saved - seen[2] + largest
-            if st.inflight_bytes <= inflight_room(limit, largest, est, nbytes):
-                return
-        room = inflight_room(limit, largest, self._allocated(st), nbytes)
-        if st.inflight_bytes > room:
-            self.c["inflight_bounded"] += 1
-            self._drain(st, wait=True, allowance=max(nbytes, room))
-
-    def _drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
-        """Forget finished device->host copies; with ``wait``, block until not more
-        than the in-flight allowance is waiting."""
-        if allowance is None:
-            allowance = self._inflight_allowance(st)
-        while st.inflight:
-            ev, n = st.inflight[0]
-            if not ev.query():
-                if not wait or st.inflight_bytes <= allowance:
-                    break
-                t0 = time.perf_counter()
-                ev.synchronize()
-                self.throttle_s += time.perf_counter() - t0
-                self.c["throttle_waits"] += 1
-            st.inflight.popleft()
-            st.inflight_bytes -= n
-
     # -- unpack ----------------------------------------------------------------------
     def _unpack_kept(self, device: torch.device) -> None:
         """Backward unpacks a tensor that stayed on the device."""
@@ -603,30 +549,3 @@ class ActivationSwapper(_StepForecast):
         if self._pool is not None and host is not None:
             for piece in host:
                 self._pool.free(piece, ev)  # safe from any thread, never blocks
-
-
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of a tensor whose elements fill their span of its storage densely
-    (:func:`_dense_span`: contiguous in some order of dimensions), as one flat uint8
-    tensor, in storage order."""
-    return t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
-
-
-def _copy_into_pieces(pieces: List[torch.Tensor], src: torch.Tensor,
-                      non_blocking: bool) -> None:
-    """Copies the flat bytes ``src`` into the host pieces, in order."""
-    off = 0
-    for p in pieces:
-        n = p.numel()
-        p.copy_(src[off:off + n], non_blocking=non_blocking)
-        off += n
-
-
-def _copy_from_pieces(dst: torch.Tensor, pieces: List[torch.Tensor],
-                      non_blocking: bool) -> None:
-    """Copies the host pieces, in order, into the flat bytes ``dst``."""
-    off = 0
-    for p in pieces:
-        n = p.numel()
-        dst[off:off + n].copy_(p, non_blocking=non_blocking)
-        off += n
