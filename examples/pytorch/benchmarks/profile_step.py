@@ -181,15 +181,16 @@ def main() -> int:
         phases); with ``phases``, CUDA events on the compute stream split its GPU time
         into forward, backward and optimizer (no added sync)."""
         marks = []
-
         retries = {}
 
         @contextlib.contextmanager
         def phase(name):
             with record_function("lms_" + name):
-                if phases:
-                    marks.append(torch.cuda.Event(enable_timing=True))
-                    marks[-1].record()
+                if not phases:
+                    yield
+                    return
+                marks.append(torch.cuda.Event(enable_timing=True))
+                marks[-1].record()
                 before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
                 yield
                 retries[name] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - before

@@ -15,7 +15,6 @@ std::vector<std::shared_ptr<Slot>> g_slots;  // the harness's slots, by id (null
 std::vector<c10::DataPtr> g_blocks;          // plain allocations, by id
 std::string g_api_err;
 
-// Sets *oom and the error text for an exception of an allocation; returns -1.
 // Appends `x` to a registry of the harness and returns its id.
 template <class T>
 long long keep(std::vector<T>& registry, T x) {
@@ -24,6 +23,7 @@ long long keep(std::vector<T>& registry, T x) {
   return static_cast<long long>(registry.size()) - 1;
 }
 
+// Sets *oom and the error text for an exception of an allocation; returns -1.
 long long failed(const std::exception& e, int* oom) {
   std::lock_guard<std::mutex> lk(g_api_mu);
   g_api_err = e.what();

@@ -61,15 +61,8 @@ class StandInGate {
   }
 
  private:
-  static bool Wanted() {
-    const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
-    if (v == nullptr) return true;
-    const std::string s(v);
-    return !(s == "0" || s == "false" || s == "False" || s == "FALSE" ||
-             s == "off" || s == "no");
-  }
   static thread_local int t_depth_;
-  const bool active_ = Wanted();
+  const bool active_ = tsl::LmsLaunchGateWantedFromEnv();
   std::mutex mu_;
   std::condition_variable cv_;
   int inside_ = 0, closers_ = 0;

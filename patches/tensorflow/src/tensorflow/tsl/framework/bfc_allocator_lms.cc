@@ -251,7 +251,7 @@ void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
     // Pages are about to be unmapped or moved: quiesce the device until they
     // are in place (the scope ends with this call).
     LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
-    if (opts_.lms_defrag_enabled && lms_->DevicePagesAvailable() < want) {
+    if (opts_.lms_defrag_enabled) {
       size_t released = LmsReleaseFreePages(
           want - lms_->DevicePagesAvailable(), rounded_bytes, target);
       if (lms_->DevicePagesAvailable() < want) {

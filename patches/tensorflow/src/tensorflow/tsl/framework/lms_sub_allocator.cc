@@ -23,6 +23,7 @@ limitations under the License.
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "tensorflow/tsl/platform/errors.h"
@@ -68,6 +69,15 @@ size_t LmsHostMemLimitFromEnv(size_t default_bytes) {
     return default_bytes;
   }
   return static_cast<size_t>(mb) << 20;
+}
+
+bool LmsLaunchGateWantedFromEnv() {
+  const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
+  if (v == nullptr || *v == '\0') return true;
+  for (const char* off : {"0", "false", "False", "FALSE", "off", "no"}) {
+    if (std::strcmp(v, off) == 0) return false;
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------

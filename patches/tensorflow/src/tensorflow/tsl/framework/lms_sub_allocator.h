@@ -260,6 +260,10 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
 // gpu_host_bfc allocator); 'default_bytes' when unset or unparsable.
 size_t LmsHostMemLimitFromEnv(size_t default_bytes);
 
+// Whether the page backend's launch gate is wanted: false when
+// TF_LMS_LAUNCH_GATE is 0, false, False, FALSE, off or no; true otherwise.
+bool LmsLaunchGateWantedFromEnv();
+
 }  // namespace tsl
 
 #endif  // TENSORFLOW_TSL_FRAMEWORK_LMS_SUB_ALLOCATOR_H_

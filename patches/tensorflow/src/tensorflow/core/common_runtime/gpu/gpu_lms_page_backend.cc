@@ -79,45 +79,22 @@ namespace {
 // holds.
 using gpu_lms::LaunchGate;
 
-bool LaunchGateWanted() {
-  const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
-  if (v == nullptr || *v == '\0') return true;
-  for (const char* off : {"0", "false", "False", "FALSE", "off", "no"}) {
-    if (std::strcmp(v, off) == 0) return false;
-  }
-  return true;
-}
-
-// Reads the core's "launch_gate.<key>=<value>" lines into 'stats'.
+// Copies the gate's state and counters into 'stats'.
 void ReadLaunchGateStats(tsl::LmsStats* stats) {
-  std::istringstream in(LaunchGate::get().stats());
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = line.substr(0, eq);
-    const int64_t v = std::strtoll(line.c_str() + eq + 1, nullptr, 10);
-    if (key == "launch_gate.active") {
-      stats->launch_gate_active = v != 0;
-    } else if (key == "launch_gate.inactive_reason") {
-      stats->launch_gate_inactive_reason = v;
-    } else if (key == "launch_gate.gated_calls") {
-      stats->launch_gate_gated_calls = v;
-    } else if (key == "launch_gate.closes") {
-      stats->launch_gate_closes = v;
-    } else if (key == "launch_gate.close_wait_ns") {
-      stats->launch_gate_close_wait_ns = v;
-    } else if (key == "launch_gate.calls_held") {
-      stats->launch_gate_calls_held = v;
-    }
-  }
+  const LaunchGate::Counters c = LaunchGate::get().counters();
+  stats->launch_gate_active = c.active;
+  stats->launch_gate_inactive_reason = c.inactive_reason;
+  stats->launch_gate_gated_calls = c.gated_calls;
+  stats->launch_gate_closes = c.closes;
+  stats->launch_gate_close_wait_ns = c.close_wait_ns;
+  stats->launch_gate_calls_held = c.calls_held;
 }
 
 // Starts the gate the first time an LMS page backend is created.
 void StartLaunchGateOnce() {
   static const bool once = [] {
     LaunchGate& gate = LaunchGate::get();
-    if (!LaunchGateWanted()) {
+    if (!tsl::LmsLaunchGateWantedFromEnv()) {
       gate.stop();  // never started: records "off by setting"
       LOG(INFO) << "Large Model Support: launch gate off (TF_LMS_LAUNCH_GATE): "
                    "pages of live tensors move after a device "
