@@ -1,0 +1,363 @@
+// What the allocator LMS's page moves cost on this machine, piece by piece.
+//
+// The allocator spills a page by copying it into a host-backed VMM handle and
+// mapping that handle at the page's address. This program times each driver
+// call of that path and the whole path, so a change to the spill is chosen by
+// measurement:
+//   create   cuMemCreate of host handles, from 1..16 threads at once
+//   copy     device page -> host handle (DtoD through mapped addresses) against
+//            a pinned cudaMemcpy of the same size
+//   spill    the pipelined spill as the allocator does it, with the staging
+//            window (map, copy, unmap) or with host handles that keep their
+//            own mapping, and with remaps per page or per run of pages
+// Build and run (GPU machine):
+//   nvcc -O2 -std=c++17 -o /tmp/vmm_costs examples/pytorch/benchmarks/vmm_costs.cpp -lcuda
+//   /tmp/vmm_costs [total_gib=8] [page_mib=20]
+// Prints one JSON object.
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define CK(x)                                                              \
+  do {                                                                     \
+    CUresult r_ = (x);                                                     \
+    if (r_ != CUDA_SUCCESS) {                                              \
+      const char* s_ = nullptr;                                            \
+      cuGetErrorString(r_, &s_);                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);  \
+      std::exit(2);                                                        \
+    }                                                                      \
+  } while (0)
+#define RK(x)                                                              \
+  do {                                                                     \
+    cudaError_t r_ = (x);                                                  \
+    if (r_ != cudaSuccess) {                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,       \
+                   cudaGetErrorString(r_));                                \
+      std::exit(2);                                                        \
+    }                                                                      \
+  } while (0)
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int g_dev = 0;
+int g_numa = 0;
+
+CUmemGenericAllocationHandle create(bool host, size_t size) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  if (host) {
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop.location.id = g_numa;
+  } else {
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = g_dev;
+  }
+  CUmemGenericAllocationHandle h = 0;
+  CK(cuMemCreate(&h, size, &prop, 0));
+  return h;
+}
+
+void set_access(CUdeviceptr va, size_t size) {
+  CUmemAccessDesc d = {};
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = g_dev;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CK(cuMemSetAccess(va, size, &d, 1));
+}
+
+// accumulated seconds per driver call kind
+struct Calls {
+  std::map<std::string, double> s;
+  std::map<std::string, long> n;
+  template <typename F>
+  void time(const char* k, F f) {
+    auto a = Clock::now();
+    f();
+    s[k] += secs(a, Clock::now());
+    n[k] += 1;
+  }
+  std::string json() const {
+    std::string o = "{";
+    for (auto& kv : s) {
+      char b[160];
+      std::snprintf(b, sizeof b, "%s\"%s\": {\"total_ms\": %.2f, \"calls\": %ld, \"us_each\": %.1f}",
+                    o.size() > 1 ? ", " : "", kv.first.c_str(), kv.second * 1e3,
+                    n.at(kv.first), kv.second * 1e6 / n.at(kv.first));
+      o += b;
+    }
+    return o + "}";
+  }
+};
+
+double create_gbps(size_t page, size_t total, int threads) {
+  size_t n = total / page;
+  std::vector<CUmemGenericAllocationHandle> hs(n);
+  std::atomic<size_t> next{0};
+  CUcontext ctx;
+  CK(cuCtxGetCurrent(&ctx));
+  auto a = Clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&] {
+      CK(cuCtxSetCurrent(ctx));
+      for (size_t i; (i = next.fetch_add(1)) < n;) hs[i] = create(true, page);
+    });
+  }
+  for (auto& t : ts) t.join();
+  double dt = secs(a, Clock::now());
+  for (auto h : hs) CK(cuMemRelease(h));
+  return n * page / dt / 1e9;
+}
+
+// A segment of n device pages mapped at one reservation, filled with data.
+struct Segment {
+  CUdeviceptr va = 0;
+  size_t page = 0, n = 0;
+  std::vector<CUmemGenericAllocationHandle> h;
+  Segment(size_t page_, size_t n_) : page(page_), n(n_), h(n_) {
+    CK(cuMemAddressReserve(&va, page * n, 0, 0, 0));
+    for (size_t i = 0; i < n; ++i) {
+      h[i] = create(false, page);
+      CK(cuMemMap(va + i * page, page, 0, h[i], 0));
+    }
+    set_access(va, page * n);
+    RK(cudaMemset(reinterpret_cast<void*>(va), 0x5a, page * n));
+    RK(cudaDeviceSynchronize());
+  }
+  ~Segment() {
+    for (size_t i = 0; i < n; ++i) {
+      cuMemUnmap(va + i * page, page);
+      cuMemRelease(h[i]);
+    }
+    cuMemAddressFree(va, page * n);
+  }
+};
+
+struct HostPage {
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr va = 0;  // own mapping (persistent variants only)
+};
+
+// One spill of every page of `seg` into `hosts` (already created), pipelined
+// in chunks of 32 pages over two halves of a staging window as the allocator
+// does. persistent: copy straight into each host page's own mapping (no
+// window). batched: unmap/setAccess runs of contiguous pages with one call.
+double spill(Segment& seg, std::vector<HostPage>& hosts, bool persistent, bool batched,
+             cudaStream_t st, Calls& c) {
+  const size_t kWin = 32;
+  CUdeviceptr win = 0;
+  if (!persistent) CK(cuMemAddressReserve(&win, seg.page * kWin * 2, 0, 0, 0));
+  struct Chunk {
+    size_t first = 0, count = 0;
+    CUdeviceptr win = 0;
+    cudaEvent_t done = nullptr;
+  };
+  auto finish = [&](Chunk& ch) {
+    c.time("event_sync", [&] { RK(cudaEventSynchronize(ch.done)); });
+    RK(cudaEventDestroy(ch.done));
+    if (!persistent) {
+      for (size_t j = 0; j < ch.count; ++j)
+        c.time("window_unmap", [&] { CK(cuMemUnmap(ch.win + j * seg.page, seg.page)); });
+    }
+    if (batched) {
+      // pages first..first+count are contiguous in the segment
+      CUdeviceptr base = seg.va + ch.first * seg.page;
+      for (size_t j = 0; j < ch.count; ++j)
+        c.time("page_unmap", [&] { CK(cuMemUnmap(base + j * seg.page, seg.page)); });
+      for (size_t j = 0; j < ch.count; ++j)
+        c.time("page_map_host", [&] {
+          CK(cuMemMap(base + j * seg.page, seg.page, 0, hosts[ch.first + j].h, 0));
+        });
+      c.time("set_access_run", [&] { set_access(base, seg.page * ch.count); });
+    } else {
+      for (size_t j = 0; j < ch.count; ++j) {
+        CUdeviceptr p = seg.va + (ch.first + j) * seg.page;
+        c.time("page_unmap", [&] { CK(cuMemUnmap(p, seg.page)); });
+        c.time("page_map_host", [&] { CK(cuMemMap(p, seg.page, 0, hosts[ch.first + j].h, 0)); });
+        c.time("set_access_page", [&] { set_access(p, seg.page); });
+      }
+    }
+    for (size_t j = 0; j < ch.count; ++j)
+      c.time("release_device", [&] { CK(cuMemRelease(seg.h[ch.first + j])); });
+  };
+  auto a = Clock::now();
+  Chunk prev;
+  bool have_prev = false;
+  int half = 0;
+  for (size_t k = 0; k < seg.n;) {
+    Chunk ch;
+    ch.first = k;
+    ch.win = win + half * kWin * seg.page;
+    for (; k < seg.n && ch.count < kWin; ++k, ++ch.count) {
+      CUdeviceptr dst = hosts[k].va;
+      if (!persistent) {
+        dst = ch.win + ch.count * seg.page;
+        c.time("window_map", [&] { CK(cuMemMap(dst, seg.page, 0, hosts[k].h, 0)); });
+        c.time("window_set_access", [&] { set_access(dst, seg.page); });
+      }
+      c.time("memcpy_async", [&] {
+        RK(cudaMemcpyAsync(reinterpret_cast<void*>(dst),
+                           reinterpret_cast<void*>(seg.va + k * seg.page), seg.page,
+                           cudaMemcpyDeviceToDevice, st));
+      });
+    }
+    RK(cudaEventCreateWithFlags(&ch.done, cudaEventDisableTiming));
+    RK(cudaEventRecord(ch.done, st));
+    if (have_prev) finish(prev);
+    prev = ch;
+    have_prev = true;
+    half ^= 1;
+  }
+  if (have_prev) finish(prev);
+  double dt = secs(a, Clock::now());
+  if (win) CK(cuMemAddressFree(win, seg.page * kWin * 2));
+  // the segment's pages are host pages now: give each back a device handle
+  // so the destructor's unmap/release stay uniform
+  for (size_t i = 0; i < seg.n; ++i) {
+    CK(cuMemUnmap(seg.va + i * seg.page, seg.page));
+    seg.h[i] = create(false, seg.page);
+    CK(cuMemMap(seg.va + i * seg.page, seg.page, 0, seg.h[i], 0));
+  }
+  set_access(seg.va, seg.page * seg.n);
+  return seg.n * seg.page / dt / 1e9;
+}
+
+std::vector<HostPage> make_hosts(size_t page, size_t n, bool persistent) {
+  std::vector<HostPage> v(n);
+  for (auto& p : v) {
+    p.h = create(true, page);
+    if (persistent) {
+      CK(cuMemAddressReserve(&p.va, page, 0, 0, 0));
+      CK(cuMemMap(p.va, page, 0, p.h, 0));
+      set_access(p.va, page);
+    }
+  }
+  return v;
+}
+void free_hosts(std::vector<HostPage>& v, size_t page) {
+  for (auto& p : v) {
+    if (p.va) {
+      CK(cuMemUnmap(p.va, page));
+      CK(cuMemAddressFree(p.va, page));
+    }
+    CK(cuMemRelease(p.h));
+  }
+  v.clear();
+}
+
+double pinned_gbps(size_t bytes, bool d2h, cudaStream_t st) {
+  void* h = nullptr;
+  void* d = nullptr;
+  RK(cudaMallocHost(&h, bytes));
+  RK(cudaMalloc(&d, bytes));
+  RK(cudaMemcpyAsync(d2h ? h : d, d2h ? d : h, bytes, d2h ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, st));
+  RK(cudaStreamSynchronize(st));
+  auto a = Clock::now();
+  RK(cudaMemcpyAsync(d2h ? h : d, d2h ? d : h, bytes, d2h ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, st));
+  RK(cudaStreamSynchronize(st));
+  double dt = secs(a, Clock::now());
+  RK(cudaFreeHost(h));
+  RK(cudaFree(d));
+  return bytes / dt / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t gib = size_t(1) << 30, mib = size_t(1) << 20;
+  const size_t total = (argc > 1 ? std::atof(argv[1]) : 8.0) * gib;
+  const size_t page = (argc > 2 ? std::atof(argv[2]) : 20.0) * mib;
+  RK(cudaSetDevice(0));
+  RK(cudaFree(nullptr));
+  CUdevice dev;
+  CK(cuDeviceGet(&dev, 0));
+  if (cuDeviceGetAttribute(&g_numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev) != CUDA_SUCCESS ||
+      g_numa < 0)
+    g_numa = 0;
+  cudaStream_t st;
+  RK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const size_t n = total / page;
+
+  std::printf("{\"page_mib\": %.0f, \"total_gib\": %.2f,\n", double(page) / mib,
+              double(n * page) / gib);
+  std::printf(" \"pinned_d2h_gbps\": %.1f, \"pinned_h2d_gbps\": %.1f,\n",
+              pinned_gbps(2 * gib, true, st), pinned_gbps(2 * gib, false, st));
+  std::printf(" \"host_create_gbps\": {");
+  for (int t : {1, 2, 4, 8, 16}) {
+    std::printf("%s\"%d\": %.2f", t == 1 ? "" : ", ", t, create_gbps(page, std::min(total, 4 * gib), t));
+    std::fflush(stdout);
+  }
+  std::printf("},\n");
+
+  // copy only: device page -> persistent host mapping, all pages queued
+  {
+    Segment seg(page, n);
+    auto hosts = make_hosts(page, n, true);
+    RK(cudaStreamSynchronize(st));
+    auto a = Clock::now();
+    for (size_t k = 0; k < n; ++k)
+      RK(cudaMemcpyAsync(reinterpret_cast<void*>(hosts[k].va),
+                         reinterpret_cast<void*>(seg.va + k * page), page,
+                         cudaMemcpyDeviceToDevice, st));
+    RK(cudaStreamSynchronize(st));
+    std::printf(" \"copy_to_host_handles_gbps\": %.1f,\n", n * page / secs(a, Clock::now()) / 1e9);
+    free_hosts(hosts, page);
+  }
+
+  // may one cuMemUnmap cover several adjacent mappings?
+  {
+    CUdeviceptr va = 0;
+    CK(cuMemAddressReserve(&va, 2 * page, 0, 0, 0));
+    auto h0 = create(false, page), h1 = create(false, page);
+    CK(cuMemMap(va, page, 0, h0, 0));
+    CK(cuMemMap(va + page, page, 0, h1, 0));
+    set_access(va, 2 * page);
+    CUresult r = cuMemUnmap(va, 2 * page);
+    if (r != CUDA_SUCCESS) {
+      cuMemUnmap(va, page);
+      cuMemUnmap(va + page, page);
+    }
+    std::printf(" \"unmap_over_two_mappings\": %d,\n", int(r));
+    CK(cuMemRelease(h0));
+    CK(cuMemRelease(h1));
+    CK(cuMemAddressFree(va, 2 * page));
+  }
+
+  struct Variant {
+    const char* name;
+    bool persistent, batched;
+  } vs[] = {{"window_per_page", false, false},   // the allocator today
+            {"persistent_per_page", true, false},
+            {"persistent_batched", true, true}};
+  std::printf(" \"spill\": {\n");
+  for (size_t i = 0; i < sizeof vs / sizeof vs[0]; ++i) {
+    for (int rep = 0; rep < 2; ++rep) {
+      Segment seg(page, n);
+      auto hosts = make_hosts(page, n, vs[i].persistent);
+      Calls c;
+      double g = spill(seg, hosts, vs[i].persistent, vs[i].batched, st, c);
+      std::printf("  \"%s_%d\": {\"gbps\": %.1f, \"calls\": %s}%s\n", vs[i].name, rep, g,
+                  c.json().c_str(), (i + 1 == sizeof vs / sizeof vs[0] && rep == 1) ? "" : ",");
+      std::fflush(stdout);
+      free_hosts(hosts, page);
+    }
+  }
+  std::printf(" }}\n");
+  return 0;
+}
