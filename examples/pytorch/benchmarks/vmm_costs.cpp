@@ -159,7 +159,9 @@ struct HostPage {
 // does. persistent: copy straight into each host page's own mapping (no
 // window). batched: unmap/setAccess runs of contiguous pages with one call.
 double spill(Segment& seg, std::vector<HostPage>& hosts, bool persistent, bool batched,
-             cudaStream_t st, Calls& c) {
+             int threads, cudaStream_t st, Calls& c) {
+  CUcontext ctx;
+  CK(cuCtxGetCurrent(&ctx));
   const size_t kWin = 32;
   CUdeviceptr win = 0;
   if (!persistent) CK(cuMemAddressReserve(&win, seg.page * kWin * 2, 0, 0, 0));
@@ -174,6 +176,27 @@ double spill(Segment& seg, std::vector<HostPage>& hosts, bool persistent, bool b
     if (!persistent) {
       for (size_t j = 0; j < ch.count; ++j)
         c.time("window_unmap", [&] { CK(cuMemUnmap(ch.win + j * seg.page, seg.page)); });
+    }
+    if (threads > 1) {
+      // the remaps of one chunk split over threads (pages j = t mod threads)
+      auto a = Clock::now();
+      std::vector<std::thread> ts;
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+          CK(cuCtxSetCurrent(ctx));
+          for (size_t j = t; j < ch.count; j += threads) {
+            CUdeviceptr p = seg.va + (ch.first + j) * seg.page;
+            CK(cuMemUnmap(p, seg.page));
+            CK(cuMemMap(p, seg.page, 0, hosts[ch.first + j].h, 0));
+            set_access(p, seg.page);
+            CK(cuMemRelease(seg.h[ch.first + j]));
+          }
+        });
+      }
+      for (auto& t : ts) t.join();
+      c.s["remap_threads_chunk"] += secs(a, Clock::now());
+      c.n["remap_threads_chunk"] += 1;
+      return;
     }
     if (batched) {
       // pages first..first+count are contiguous in the segment
@@ -342,17 +365,23 @@ int main(int argc, char** argv) {
   struct Variant {
     const char* name;
     bool persistent, batched;
-  } vs[] = {{"window_per_page", false, false},   // the allocator today
-            {"persistent_per_page", true, false},
-            {"persistent_batched", true, true}};
+    int threads;
+  } vs[] = {{"window_per_page", false, false, 1},   // the allocator today
+            {"persistent_per_page", true, false, 1},
+            {"persistent_batched", true, true, 1},
+            {"persistent_2_threads", true, false, 2},
+            {"persistent_4_threads", true, false, 4},
+            {"persistent_8_threads", true, false, 8}};
   std::printf(" \"spill\": {\n");
   for (size_t i = 0; i < sizeof vs / sizeof vs[0]; ++i) {
     for (int rep = 0; rep < 2; ++rep) {
       Segment seg(page, n);
+      auto f0 = Clock::now();
       auto hosts = make_hosts(page, n, vs[i].persistent);
+      double fill = n * page / secs(f0, Clock::now()) / 1e9;
       Calls c;
-      double g = spill(seg, hosts, vs[i].persistent, vs[i].batched, st, c);
-      std::printf("  \"%s_%d\": {\"gbps\": %.1f, \"calls\": %s}%s\n", vs[i].name, rep, g,
+      double g = spill(seg, hosts, vs[i].persistent, vs[i].batched, vs[i].threads, st, c);
+      std::printf("  \"%s_%d\": {\"gbps\": %.1f, \"host_fill_gbps\": %.2f, \"calls\": %s}%s\n", vs[i].name, rep, g, fill,
                   c.json().c_str(), (i + 1 == sizeof vs / sizeof vs[0] && rep == 1) ? "" : ",");
       std::fflush(stdout);
       free_hosts(hosts, page);
