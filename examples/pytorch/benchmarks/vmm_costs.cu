@@ -11,7 +11,7 @@
 //            window (map, copy, unmap) or with host handles that keep their
 //            own mapping, and with remaps per page or per run of pages
 // Build and run (GPU machine):
-//   nvcc -O2 -std=c++17 -o /tmp/vmm_costs examples/pytorch/benchmarks/vmm_costs.cpp -lcuda
+//   nvcc -O2 -std=c++17 -o /tmp/vmm_costs examples/pytorch/benchmarks/vmm_costs.cu -lcuda
 //   /tmp/vmm_costs [total_gib=8] [page_mib=20]
 // Prints one JSON object.
 
@@ -154,12 +154,21 @@ struct HostPage {
   CUdeviceptr va = 0;  // own mapping (persistent variants only)
 };
 
+// Copies n bytes with the SMs (16-byte words, grid-stride) instead of a copy
+// engine.
+__global__ void sm_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t words) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words;
+       i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+bool g_sm_copy = false;
+
 // One spill of every page of `seg` into `hosts` (already created), pipelined
 // in chunks of 32 pages over two halves of a staging window as the allocator
 // does. persistent: copy straight into each host page's own mapping (no
 // window). batched: unmap/setAccess runs of contiguous pages with one call.
 double spill(Segment& seg, std::vector<HostPage>& hosts, bool persistent, bool batched,
-             int threads, cudaStream_t st, Calls& c) {
+             int threads, bool unmap_own, cudaStream_t st, Calls& c) {
   CUcontext ctx;
   CK(cuCtxGetCurrent(&ctx));
   const size_t kWin = 32;
@@ -176,6 +185,10 @@ double spill(Segment& seg, std::vector<HostPage>& hosts, bool persistent, bool b
     if (!persistent) {
       for (size_t j = 0; j < ch.count; ++j)
         c.time("window_unmap", [&] { CK(cuMemUnmap(ch.win + j * seg.page, seg.page)); });
+    }
+    if (unmap_own) {
+      for (size_t j = 0; j < ch.count; ++j)
+        c.time("own_unmap", [&] { CK(cuMemUnmap(hosts[ch.first + j].va, seg.page)); });
     }
     if (threads > 1) {
       // the remaps of one chunk split over threads (pages j = t mod threads)
@@ -235,9 +248,15 @@ double spill(Segment& seg, std::vector<HostPage>& hosts, bool persistent, bool b
         c.time("window_set_access", [&] { set_access(dst, seg.page); });
       }
       c.time("memcpy_async", [&] {
-        RK(cudaMemcpyAsync(reinterpret_cast<void*>(dst),
-                           reinterpret_cast<void*>(seg.va + k * seg.page), seg.page,
-                           cudaMemcpyDeviceToDevice, st));
+        if (g_sm_copy) {
+          sm_copy<<<264, 512, 0, st>>>(reinterpret_cast<const uint4*>(seg.va + k * seg.page),
+                                       reinterpret_cast<uint4*>(dst), seg.page / 16);
+          RK(cudaGetLastError());
+        } else {
+          RK(cudaMemcpyAsync(reinterpret_cast<void*>(dst),
+                             reinterpret_cast<void*>(seg.va + k * seg.page), seg.page,
+                             cudaMemcpyDeviceToDevice, st));
+        }
       });
     }
     RK(cudaEventCreateWithFlags(&ch.done, cudaEventDisableTiming));
@@ -273,10 +292,10 @@ std::vector<HostPage> make_hosts(size_t page, size_t n, bool persistent) {
   }
   return v;
 }
-void free_hosts(std::vector<HostPage>& v, size_t page) {
+void free_hosts(std::vector<HostPage>& v, size_t page, bool unmapped = false) {
   for (auto& p : v) {
     if (p.va) {
-      CK(cuMemUnmap(p.va, page));
+      if (!unmapped) CK(cuMemUnmap(p.va, page));
       CK(cuMemAddressFree(p.va, page));
     }
     CK(cuMemRelease(p.h));
@@ -340,6 +359,12 @@ int main(int argc, char** argv) {
                          cudaMemcpyDeviceToDevice, st));
     RK(cudaStreamSynchronize(st));
     std::printf(" \"copy_to_host_handles_gbps\": %.1f,\n", n * page / secs(a, Clock::now()) / 1e9);
+    a = Clock::now();
+    for (size_t k = 0; k < n; ++k)
+      sm_copy<<<264, 512, 0, st>>>(reinterpret_cast<const uint4*>(seg.va + k * page),
+                                   reinterpret_cast<uint4*>(hosts[k].va), page / 16);
+    RK(cudaStreamSynchronize(st));
+    std::printf(" \"sm_copy_to_host_handles_gbps\": %.1f,\n", n * page / secs(a, Clock::now()) / 1e9);
     free_hosts(hosts, page);
   }
 
@@ -366,27 +391,72 @@ int main(int argc, char** argv) {
     const char* name;
     bool persistent, batched;
     int threads;
-  } vs[] = {{"window_per_page", false, false, 1},   // the allocator today
-            {"persistent_per_page", true, false, 1},
-            {"persistent_batched", true, true, 1},
-            {"persistent_2_threads", true, false, 2},
-            {"persistent_4_threads", true, false, 4},
-            {"persistent_8_threads", true, false, 8}};
+    bool unmap_own;
+    bool sm;
+  } vs[] = {{"window_per_page", false, false, 1, false, false},   // the allocator today
+            {"persistent_per_page", true, false, 1, false, false},
+            {"persistent_per_page_sm_copy", true, false, 1, false, true},
+            {"own_mapping_dropped_first_sm_copy", true, false, 1, true, true},
+            {"persistent_batched", true, true, 1, false, false},
+            {"persistent_4_threads", true, false, 4, false, false},
+            {"own_mapping_dropped_first", true, false, 1, true, false},
+            {"own_mapping_dropped_first_batched", true, true, 1, true, false}};
   std::printf(" \"spill\": {\n");
   for (size_t i = 0; i < sizeof vs / sizeof vs[0]; ++i) {
     for (int rep = 0; rep < 2; ++rep) {
       Segment seg(page, n);
+      g_sm_copy = vs[i].sm;
       auto f0 = Clock::now();
       auto hosts = make_hosts(page, n, vs[i].persistent);
       double fill = n * page / secs(f0, Clock::now()) / 1e9;
       Calls c;
-      double g = spill(seg, hosts, vs[i].persistent, vs[i].batched, vs[i].threads, st, c);
+      double g = spill(seg, hosts, vs[i].persistent, vs[i].batched, vs[i].threads, vs[i].unmap_own, st, c);
       std::printf("  \"%s_%d\": {\"gbps\": %.1f, \"host_fill_gbps\": %.2f, \"calls\": %s}%s\n", vs[i].name, rep, g, fill,
                   c.json().c_str(), (i + 1 == sizeof vs / sizeof vs[0] && rep == 1) ? "" : ",");
       std::fflush(stdout);
-      free_hosts(hosts, page);
+      free_hosts(hosts, page, vs[i].unmap_own);
     }
   }
-  std::printf(" }}\n");
+  std::printf(" },\n");
+  // cuMemSetAccess of a host handle's mapping, by what the handle went through
+  // before: never mapped; mapped, accessed and unmapped once; mapped at another
+  // address right now; unmapped after a previous unmap/remap cycle
+  {
+    const size_t m = std::min<size_t>(n, 64);
+    std::vector<CUmemGenericAllocationHandle> hs(m);
+    std::vector<CUdeviceptr> a(m), b(m);
+    for (size_t i = 0; i < m; ++i) {
+      hs[i] = create(true, page);
+      CK(cuMemAddressReserve(&a[i], page, 0, 0, 0));
+      CK(cuMemAddressReserve(&b[i], page, 0, 0, 0));
+    }
+    auto run = [&](const char* name, bool unmap_a_after, bool map_b) {
+      Calls c;
+      for (size_t i = 0; i < m; ++i) {
+        CUdeviceptr va = map_b ? b[i] : a[i];
+        CK(cuMemMap(va, page, 0, hs[i], 0));
+        c.time("set_access", [&] { set_access(va, page); });
+        if (map_b) {
+          c.time("unmap", [&] { CK(cuMemUnmap(b[i], page)); });
+        } else if (unmap_a_after) {
+          c.time("unmap", [&] { CK(cuMemUnmap(a[i], page)); });
+        }
+      }
+      std::printf("  \"%s\": %s,\n", name, c.json().c_str());
+    };
+    std::printf(" \"set_access_by_history\": {\n");
+    run("first_mapping_then_unmapped", true, false);
+    run("second_time_no_other_mapping", false, false);        // a[i] stays mapped
+    run("while_mapped_elsewhere", false, true);               // b[i] beside a[i]
+    for (size_t i = 0; i < m; ++i) CK(cuMemUnmap(a[i], page));
+    run("third_time_no_other_mapping", true, false);
+    std::printf("  \"pages\": %zu},\n", m);
+    for (size_t i = 0; i < m; ++i) {
+      CK(cuMemRelease(hs[i]));
+      CK(cuMemAddressFree(a[i], page));
+      CK(cuMemAddressFree(b[i], page));
+    }
+  }
+  std::printf(" \"done\": 1}\n");
   return 0;
 }
