@@ -109,7 +109,7 @@ L.c10_lms_stats.restype = U; L.c10_lms_stats.argtypes = [ctypes.c_int, ctypes.c_
 err = ctypes.create_string_buffer(4096)
 r = {"defaults": [L.c10_lms_get_enabled(), L.c10_lms_get_limit(), L.c10_lms_get_size(), L.c10_lms_get_defrag()],
      "env_host_limit": L.c10_lms_get_host_mem_limit()}
-r["ok_rc"] = L.c10_lms_parse_settings(b"lms:True,lms_limit_mb:1024,lms_size_mb:0.5,lms_defrag:False,lms_host_mem_limit_mb:64", err, 4096)
+r["ok_rc"] = L.c10_lms_parse_settings(b"lms:True,lms_limit_mb:1024,lms_size_mb:0.5,lms_defrag:False,lms_host_mem_limit_mb:64,lms_host_reserve_mb:256", err, 4096)
 r["after"] = [L.c10_lms_get_enabled(), L.c10_lms_get_limit(), L.c10_lms_get_size(), L.c10_lms_get_defrag(),
               L.c10_lms_get_host_mem_limit()]
 r["bad_key_rc"] = L.c10_lms_parse_settings(b"lms_bogus:1", err, 4096); r["bad_key_err"] = err.value.decode()
@@ -139,8 +139,11 @@ def test_c_api_settings_and_host_budget(builds):
     st = r["stats"]
     for k in ("swap_out_bytes", "swap_in_bytes", "host_bytes.current", "host_bytes.peak", "reclaim_events",
               "alloc_served.free_list", "alloc_served.new_device_memory", "alloc_served.lms_reclaim",
-              "alloc_served.defrag", "swap_out_time_ns", "swap_in_time_ns", "host_budget.used"):
+              "alloc_served.defrag", "swap_out_time_ns", "swap_in_time_ns", "host_budget.used",
+              "host_pool.total_bytes", "host_pool.idle_bytes", "host_pool.reserve_bytes",
+              "host_pool.made_ahead_bytes", "host_pool.made_on_demand_bytes"):
         assert k in st
+    assert st["host_pool.reserve_bytes"] == "0"                 # nothing asked to fill without a GPU
     assert int(st["host_budget.used"]) == 24 * MiB and r["off"] == 0
 
 

@@ -217,15 +217,29 @@ def sc_net(L, lms="1", slots="0.45", blocks="1.0", alloc_host="0.25", chunk_mb="
                 mismatches_slots=bad_slots, t_alloc_s=t_alloc, lms=lms_stats, net=net)
 
 
-def sc_bandwidth(L, limit_gb="8", size_gb="8"):
-    """Swap A out by allocating B under an LMS limit, twice (second time host handles are pooled)."""
+def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0"):
+    """Swap A out by allocating B under an LMS limit, three times.
+
+    The first round's host pages are made on the way (reserve_mb=0), or ahead of
+    need by the pool's filler (the default reserve), which starts when A's
+    allocation fills the limit past 3/4; settle_s is how long the job may
+    compute after that before it asks for B (a training step's forward takes
+    that long to fill a device), ended early once the pool holds A's size.
+    Later rounds find the pages of the round before in the pool."""
     ref_d2h = L.p.probe_pcie_gbps(2 * GiB, 0)
     ref_h2d = L.p.probe_pcie_gbps(2 * GiB, 1)
-    L.settings(f"lms:True,lms_limit_mb:{int(float(limit_gb) * 1024)}")
+    conf = f"lms:True,lms_limit_mb:{int(float(limit_gb) * 1024)}"
+    if reserve_mb != "auto":
+        conf += f",lms_host_reserve_mb:{reserve_mb}"
+    L.settings(conf)
     n = int(float(size_gb) * GiB)
     a, _, m = L.alloc(n)
     assert a, m
     L.fill(a, n, 7)
+    t0 = time.time()
+    while time.time() - t0 < float(settle_s) and L.lms()["host_pool.idle_bytes"] < n:
+        time.sleep(0.05)
+    settled = dict(wait_s=round(time.time() - t0, 2), pool_idle_bytes=L.lms()["host_pool.idle_bytes"])
     rounds = []
     for r in range(3):
         s0 = L.lms()
@@ -243,9 +257,11 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8"):
         in_ns = s2["swap_in_time_ns"] - s1["swap_in_time_ns"]
         rounds.append(dict(out_bytes=out_b, out_gbps=out_b / out_ns if out_ns else 0.0,
                            in_bytes=in_b, in_gbps=in_b / in_ns if in_ns else 0.0,
-                           bad_a=bad_a, bad_b=bad_b, host_pool_total=s1["host_pool.total_bytes"]))
+                           bad_a=bad_a, bad_b=bad_b, host_pool_total=s1["host_pool.total_bytes"],
+                           made_on_demand=s1["host_pool.made_on_demand_bytes"]
+                           - s0["host_pool.made_on_demand_bytes"]))
     L.free(a)
-    return dict(ref_d2h_gbps=ref_d2h, ref_h2d_gbps=ref_h2d, rounds=rounds, lms=L.lms())
+    return dict(ref_d2h_gbps=ref_d2h, ref_h2d_gbps=ref_h2d, settled=settled, rounds=rounds, lms=L.lms())
 
 
 def sc_stats(L):

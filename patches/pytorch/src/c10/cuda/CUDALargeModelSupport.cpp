@@ -21,8 +21,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 namespace c10::cuda::CUDACachingAllocator::lms {
@@ -40,6 +42,7 @@ struct Settings {
   std::atomic<size_t> host_limit{0};
   std::atomic<bool> host_limit_set{false};
   std::atomic<bool> launch_gate{true};
+  std::atomic<size_t> host_reserve{kAutoHostReserve};
 };
 
 Settings& settings() {
@@ -145,18 +148,6 @@ double parse_number(const std::string& key, const std::string& v) {
   return d;
 }
 
-// ---- host handle pool ----
-struct HostPool {
-  std::mutex m;
-  std::unordered_map<size_t, std::vector<unsigned long long>> idle;
-  size_t idle_bytes = 0;
-  size_t total_bytes = 0;
-};
-HostPool& host_pool() {
-  static auto* p = new HostPool(); // leaked on purpose: used at exit
-  return *p;
-}
-
 } // namespace
 
 bool enabled() {
@@ -208,6 +199,13 @@ void set_host_mem_limit(size_t bytes) {
   settings().host_limit_set = true;
 }
 
+size_t host_reserve_setting() {
+  return settings().host_reserve.load();
+}
+void set_host_reserve(size_t bytes) {
+  settings().host_reserve = bytes;
+}
+
 bool supported() {
 #if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED) && \
     defined(CUDA_VERSION) && CUDA_VERSION >= 12020
@@ -240,6 +238,8 @@ bool parse_setting(
     set_host_mem_limit(static_cast<size_t>(parse_number(key, v) * kMiB));
   } else if (key == "lms_defrag") {
     set_defrag_enabled(parse_bool(key, v));
+  } else if (key == "lms_host_reserve_mb") {
+    set_host_reserve(static_cast<size_t>(parse_number(key, v) * kMiB));
   } else if (key == "lms_launch_gate") {
     settings().launch_gate = parse_bool(key, v);
     if (!settings().launch_gate) {
@@ -253,7 +253,7 @@ bool parse_setting(
         "Unrecognized CachingAllocator option: ",
         key,
         " (LMS keys: lms, lms_limit_mb, lms_size_mb, lms_host_mem_limit_mb, "
-        "lms_defrag, lms_launch_gate)");
+        "lms_host_reserve_mb, lms_defrag, lms_launch_gate)");
   }
   *last = i + 2;
   return true;
@@ -339,8 +339,7 @@ std::string stats_text(int device) {
   o << "host_budget.limit=" << host_mem_limit() << "\n";
   o << "host_budget.used=" << host_used() << "\n";
   o << "host_budget.peak=" << host_budget_peak() << "\n";
-  o << "host_pool.total_bytes=" << host_pool_total_bytes() << "\n";
-  o << "host_pool.idle_bytes=" << host_pool_idle_bytes() << "\n";
+  o << host_pool_stats();
   o << "limit=" << limit() << "\n";
   o << "size=" << min_swap_size() << "\n";
   o << "defrag=" << (defrag_enabled() ? 1 : 0) << "\n";
@@ -348,103 +347,7 @@ std::string stats_text(int device) {
   return o.str();
 }
 
-bool host_page_acquire(
-    int device,
-    size_t page_size,
-    unsigned long long* handle) {
-  auto& p = host_pool();
-  {
-    std::lock_guard<std::mutex> g(p.m);
-    auto& v = p.idle[page_size];
-    if (!v.empty()) {
-      *handle = v.back();
-      v.pop_back();
-      p.idle_bytes -= page_size;
-      return true;
-    }
-  }
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED) && \
-    defined(CUDA_VERSION) && CUDA_VERSION >= 12020
-  if (!host_reserve(page_size)) {
-    return false;
-  }
-  auto* api = c10::cuda::DriverAPI::get();
-  int numa_id = -1;
-  if (api->cuDeviceGetAttribute_(
-          &numa_id,
-          CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID,
-          static_cast<CUdevice>(device)) != CUDA_SUCCESS) {
-    numa_id = -1;
-  }
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  if (numa_id >= 0) {
-    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-    prop.location.id = numa_id;
-  } else {
-    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
-    prop.location.id = 0;
-  }
-  CUmemGenericAllocationHandle h = 0;
-  CUresult r = api->cuMemCreate_(&h, page_size, &prop, 0);
-  if (r != CUDA_SUCCESS) {
-    host_release(page_size);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-      return false;
-    }
-    C10_CUDA_DRIVER_CHECK(r);
-  }
-  {
-    std::lock_guard<std::mutex> g(p.m);
-    p.total_bytes += page_size;
-  }
-  *handle = h;
-  return true;
-#else
-  (void)device;
-  return false;
-#endif
-}
-
-void host_page_release(
-    int /*device*/,
-    size_t page_size,
-    unsigned long long handle) {
-  auto& p = host_pool();
-  std::lock_guard<std::mutex> g(p.m);
-  p.idle[page_size].push_back(handle);
-  p.idle_bytes += page_size;
-}
-
-size_t host_pool_trim() {
-  auto& p = host_pool();
-  size_t freed = 0;
-  std::lock_guard<std::mutex> g(p.m);
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-  for (auto& kv : p.idle) {
-    for (auto h : kv.second) {
-      C10_CUDA_DRIVER_CHECK(c10::cuda::DriverAPI::get()->cuMemRelease_(h));
-      freed += kv.first;
-    }
-    kv.second.clear();
-  }
-#endif
-  p.idle_bytes -= freed;
-  p.total_bytes -= freed;
-  host_release(freed);
-  return freed;
-}
-size_t host_pool_idle_bytes() {
-  auto& p = host_pool();
-  std::lock_guard<std::mutex> g(p.m);
-  return p.idle_bytes;
-}
-size_t host_pool_total_bytes() {
-  auto& p = host_pool();
-  std::lock_guard<std::mutex> g(p.m);
-  return p.total_bytes;
-}
-
+#include <c10/cuda/impl/LMSHostPool.inc>
 #include <c10/cuda/impl/LMSLaunchGate.inc>
 
 } // namespace c10::cuda::CUDACachingAllocator::lms

@@ -19,6 +19,9 @@
 //   lms_limit_mb:N            device MiB at which LMS starts reclaiming (0: whole device)
 //   lms_size_mb:N             smallest block (MiB, fractional allowed) worth swapping
 //   lms_host_mem_limit_mb:N   host swap budget in MiB (env PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB)
+//   lms_host_reserve_mb:N     host pages made ahead of need once the device is
+//                             3/4 full (default: 1/8 of the LMS limit or of the
+//                             device; 0: none)
 //   lms_defrag:True|False     release and remap free pages before swapping
 //   lms_launch_gate:True|False hold other threads' device work while live pages
 //                             move (default True; False leaves CUPTI to profilers)
@@ -45,6 +48,11 @@ C10_CUDA_API bool defrag_enabled();
 C10_CUDA_API void set_defrag_enabled(bool on);
 C10_CUDA_API size_t host_mem_limit();
 C10_CUDA_API void set_host_mem_limit(size_t bytes);
+// host pages the pool makes ahead of need (impl/LMSHostPool.inc);
+// kAutoHostReserve: 1/8 of the device memory LMS may use
+constexpr size_t kAutoHostReserve = ~size_t(0);
+C10_CUDA_API size_t host_reserve_setting();
+C10_CUDA_API void set_host_reserve(size_t bytes);
 // True when the CUDA driver/headers support host-NUMA VMM handles.
 C10_CUDA_API bool supported();
 
@@ -115,21 +123,36 @@ C10_CUDA_API void reset_accumulated(int device);
 // "key=value\n" lines of the lms.* statistics of device (without "lms." prefix)
 C10_CUDA_API std::string stats_text(int device);
 
-// ---- pool of host-backed VMM handles (one page each) ----
-// acquire: a pooled handle of page_size bytes, or a new one charged to the
-// host budget; returns false when the budget or the host is exhausted.
+// ---- pool of host-backed VMM pages (impl/LMSHostPool.inc) ----
+// Every pooled page keeps a mapping of its own that its device may read and
+// write (*mapped_at): the allocator copies a device page straight into it.
+// acquire: a pooled page of page_size bytes, or a new one charged to the host
+// budget; false when the budget or the host is exhausted.
 C10_CUDA_API bool host_page_acquire(
     int device,
     size_t page_size,
-    unsigned long long* handle);
+    unsigned long long* handle,
+    unsigned long long* mapped_at);
 C10_CUDA_API void host_page_release(
     int device,
     size_t page_size,
     unsigned long long handle);
-// cuMemRelease every idle pooled handle; returns bytes given back to the host.
+// Asks the pool's filler thread to keep pages of page_size ready for device
+// (the reserve setting; auto: lms_capacity / 8), made in the background.
+C10_CUDA_API void host_pool_prefill(
+    int device,
+    size_t page_size,
+    size_t lms_capacity);
+// While a spill runs the filler makes no driver calls (they would contend).
+C10_CUDA_API void host_pool_pause();
+C10_CUDA_API void host_pool_resume();
+// Releases every idle pooled page and stops filling until the next prefill;
+// returns bytes given back to the host.
 C10_CUDA_API size_t host_pool_trim();
 C10_CUDA_API size_t host_pool_idle_bytes();
 C10_CUDA_API size_t host_pool_total_bytes();
+// "host_pool.<key>=<value>\n" lines for stats_text
+C10_CUDA_API std::string host_pool_stats();
 
 } // namespace c10::cuda::CUDACachingAllocator::lms
 
