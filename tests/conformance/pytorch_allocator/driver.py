@@ -217,7 +217,7 @@ def sc_net(L, lms="1", slots="0.45", blocks="1.0", alloc_host="0.25", chunk_mb="
                 mismatches_slots=bad_slots, t_alloc_s=t_alloc, lms=lms_stats, net=net)
 
 
-def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0"):
+def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", gate="1"):
     """Swap A out by allocating B under an LMS limit, three times.
 
     The first round's host pages are made on the way (reserve_mb=0), or ahead of
@@ -225,12 +225,15 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0"):
     allocation fills the limit past 3/4; settle_s is how long the job may
     compute after that before it asks for B (a training step's forward takes
     that long to fill a device), ended early once the pool holds A's size.
-    Later rounds find the pages of the round before in the pool."""
+    Later rounds find the pages of the round before in the pool. gate=0 turns
+    the launch gate off (what the gate's CUPTI subscription costs the moves)."""
     ref_d2h = L.p.probe_pcie_gbps(2 * GiB, 0)
     ref_h2d = L.p.probe_pcie_gbps(2 * GiB, 1)
     conf = f"lms:True,lms_limit_mb:{int(float(limit_gb) * 1024)}"
     if reserve_mb != "auto":
         conf += f",lms_host_reserve_mb:{reserve_mb}"
+    if gate == "0":
+        conf += ",lms_launch_gate:False"
     L.settings(conf)
     n = int(float(size_gb) * GiB)
     a, _, m = L.alloc(n)
@@ -259,7 +262,10 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0"):
                            in_bytes=in_b, in_gbps=in_b / in_ns if in_ns else 0.0,
                            bad_a=bad_a, bad_b=bad_b, host_pool_total=s1["host_pool.total_bytes"],
                            made_on_demand=s1["host_pool.made_on_demand_bytes"]
-                           - s0["host_pool.made_on_demand_bytes"]))
+                           - s0["host_pool.made_on_demand_bytes"],
+                           out_ms=out_ns / 1e6,
+                           out_quiesce_ms=(s1["swap_out_quiesce_ns"] - s0["swap_out_quiesce_ns"]) / 1e6,
+                           out_copy_wait_ms=(s1["swap_out_copy_wait_ns"] - s0["swap_out_copy_wait_ns"]) / 1e6))
     L.free(a)
     return dict(ref_d2h_gbps=ref_d2h, ref_h2d_gbps=ref_h2d, settled=settled, rounds=rounds, lms=L.lms())
 

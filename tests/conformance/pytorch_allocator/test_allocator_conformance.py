@@ -282,11 +282,14 @@ def test_lms_off_is_upstream(work):
     assert a["trace"] == b["trace"] and a["upstream"] == b["upstream"]
 
 
-@pytest.mark.parametrize("first_pages", ["made_ahead", "made_on_the_way"])
+@pytest.mark.parametrize("first_pages", ["made_ahead", "made_on_the_way", "made_ahead_gate_off"])
 def test_bandwidth(work, first_pages):
     # made_ahead: a reserve as large as the spill (the automatic one is 1/8 of
-    # the 8 GiB limit); the pool's filler makes it while the job computes
-    args = ("reserve_mb=8192", "settle_s=10") if first_pages == "made_ahead" else ("reserve_mb=0",)
+    # the 8 GiB limit); the pool's filler makes it while the job computes.
+    # gate_off: the same without the launch gate, to see what it costs
+    args = {"made_ahead": ("reserve_mb=8192", "settle_s=10"),
+            "made_on_the_way": ("reserve_mb=0",),
+            "made_ahead_gate_off": ("reserve_mb=8192", "settle_s=10", "gate=0")}[first_pages]
     p, r = drive(work, "bandwidth", *args, name=f"bandwidth_{first_pages}")
     r = _need(p, r)
     first, last = r["rounds"][0], r["rounds"][-1]
@@ -296,7 +299,9 @@ def test_bandwidth(work, first_pages):
         settled=r["settled"],
         rounds=[dict(out_gbps=round(x["out_gbps"], 1), in_gbps=round(x["in_gbps"], 1),
                      out_gib=round(x["out_bytes"] / 2**30, 2), in_gib=round(x["in_bytes"] / 2**30, 2),
-                     made_on_demand_gib=round(x["made_on_demand"] / 2**30, 2)) for x in r["rounds"]],
+                     made_on_demand_gib=round(x["made_on_demand"] / 2**30, 2),
+                     out_ms=round(x["out_ms"], 1), out_quiesce_ms=round(x["out_quiesce_ms"], 1),
+                     out_copy_wait_ms=round(x["out_copy_wait_ms"], 1)) for x in r["rounds"]],
         first_spill_of_measured=frac(first["out_gbps"], r["ref_d2h_gbps"]),
         warm_spill_of_measured=frac(last["out_gbps"], r["ref_d2h_gbps"]),
         return_of_measured=frac(last["in_gbps"], r["ref_h2d_gbps"]),
@@ -309,7 +314,7 @@ def test_bandwidth(work, first_pages):
     # pages the first round finds in the pool are not made on its way
     if first_pages == "made_on_the_way":
         assert first["made_on_demand"] >= first["out_bytes"] * 0.9, first
-    else:
+    else:  # made ahead
         assert r["settled"]["pool_idle_bytes"] > 0, r["settled"]
         if r["settled"]["pool_idle_bytes"] >= first["out_bytes"]:
             assert first["made_on_demand"] == 0, first

@@ -121,6 +121,8 @@ const char* kStatNames[kNumStats] = {
     "host_pages_dropped_on_free",
     "defrag_released_bytes",
     "num_ooms",
+    "swap_out_quiesce_ns",
+    "swap_out_copy_wait_ns",
 };
 
 bool parse_bool(const std::string& key, const std::string& v) {

@@ -112,6 +112,8 @@ enum Stat : int {
   kHostPagesDropped, // host pages released because their blocks were freed
   kDefragReleasedBytes,
   kOoms,
+  kSwapOutQuiesceNs, // of kSwapOutNs: closing the gate, device synchronize
+  kSwapOutCopyWaitNs, // of kSwapOutNs: waiting for copies (the rest: remaps)
   kNumStats
 };
 C10_CUDA_API const char* stat_name(int s);
