@@ -13,6 +13,7 @@
 #include <c10/cuda/driver_api.h>
 #endif
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
