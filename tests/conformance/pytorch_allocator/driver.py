@@ -270,6 +270,36 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", 
     return dict(ref_d2h_gbps=ref_d2h, ref_h2d_gbps=ref_h2d, settled=settled, rounds=rounds, lms=L.lms())
 
 
+def sc_fork_exit(L):
+    """The host pool's filler is running when the process forks; the child exits
+    through exit() (its atexit handlers run) and must not wait for a filler
+    thread it does not have."""
+    L.settings("lms:True,lms_limit_mb:2048,lms_host_reserve_mb:1024")
+    p, _, m = L.alloc(1800 * MiB)            # past 3/4 of the limit: the filler starts
+    assert p, m
+    t0 = time.time()
+    while time.time() - t0 < 10 and L.lms()["host_pool.idle_bytes"] == 0:
+        time.sleep(0.02)
+    idle_at_fork = L.lms()["host_pool.idle_bytes"]
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)                          # Python finalizes, then the C exit handlers run
+    t0 = time.time()
+    status = None
+    while time.time() - t0 < 30:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+            break
+        time.sleep(0.05)
+    if status is None:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    L.free(p)
+    return dict(idle_at_fork=idle_at_fork, child_status=status,
+                child_exit_s=round(time.time() - t0, 2), lms=L.lms())
+
+
 def sc_stats(L):
     L.settings("lms:True,lms_limit_mb:2048")
     s_start = L.lms()

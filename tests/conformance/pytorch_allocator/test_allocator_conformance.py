@@ -183,6 +183,14 @@ def test_oversubscribe_2x_with_lms_every_byte_survives(work):
     assert f["host_bytes.current"] == 0                           # nothing left on host after freeing all
 
 
+def test_forked_child_exits_while_the_host_pool_fills(work):
+    p, r = drive(work, "fork_exit")
+    r = _need(p, r)
+    SUMMARY["fork_exit"] = {k: r[k] for k in ("idle_at_fork", "child_status", "child_exit_s")}
+    assert r["idle_at_fork"] > 0, r                              # the filler was running
+    assert r["child_status"] == 0, r                             # exited, cleanly, within 30 s
+
+
 def test_stats_add_up(work):
     p, r = drive(work, "stats")
     r = _need(p, r)
