@@ -151,8 +151,6 @@ C10_CUDA_API void host_pool_resume();
 // Releases every idle pooled page and stops filling until the next prefill;
 // returns bytes given back to the host.
 C10_CUDA_API size_t host_pool_trim();
-C10_CUDA_API size_t host_pool_idle_bytes();
-C10_CUDA_API size_t host_pool_total_bytes();
 // "host_pool.<key>=<value>\n" lines for stats_text
 C10_CUDA_API std::string host_pool_stats();
 
