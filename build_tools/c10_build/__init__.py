@@ -16,7 +16,8 @@ Two modes, one function (:func:`build_c10`):
 CUDA: ``cuda_home`` must hold ``include/cuda.h``, ``include/cuda_runtime_api.h`` and
 ``lib/libcudart.so*`` or ``lib64/libcudart.so*`` (a toolkit such as /usr/local/cuda, or the unpacked
 ``nvidia/cuda_runtime`` folder of ``nvidia-cuda-runtime-cu12==12.4.127``). ``c10/cuda/driver_api.h``
-also includes ``nvml.h``: from the toolkit, or ``nvidia-nvml-dev-cu12==12.4.127`` unpacked next to it.
+also includes ``nvml.h`` (v2.x trees; v1.13.1 has no driver_api.h): from the toolkit, or
+``nvidia-nvml-dev-cu12==12.4.127`` unpacked next to it.
 
 CLI: ``python -m build_tools.c10_build --help``.
 """
@@ -73,6 +74,12 @@ def find_nvml_include(cuda_home: pathlib.Path, nvml_include=None) -> pathlib.Pat
             return c
     raise C10BuildError(f"nvml.h not found (tried {', '.join(map(str, cands))}); "
                         "pip download nvidia-nvml-dev-cu12 or pass nvml_include=")
+
+
+def _needs_nvml(tree: os.PathLike) -> bool:
+    """Whether the tree's c10/cuda includes nvml.h: v2.x's driver_api.h does, v1.13.1 has none."""
+    api = pathlib.Path(tree) / "c10" / "cuda" / "driver_api.h"
+    return api.is_file() and "nvml.h" in api.read_text(errors="replace")
 
 
 def find_cudart(cuda_home: pathlib.Path) -> pathlib.Path:
@@ -191,8 +198,10 @@ def build_c10(
         cuda_inc = cuda_home / "include"
         if not (cuda_inc / "cuda.h").is_file() or not (cuda_inc / "cuda_runtime_api.h").is_file():
             raise C10BuildError(f"{cuda_inc} lacks cuda.h / cuda_runtime_api.h")
-        nvml = find_nvml_include(cuda_home, nvml_include)
-        incs = [cuda_inc] + ([nvml] if nvml != cuda_inc else [])
+        incs = [cuda_inc]
+        if _needs_nvml(tree):
+            nvml = find_nvml_include(cuda_home, nvml_include)
+            incs += [nvml] if nvml != cuda_inc else []
         # PyPI's nvidia-cuda-runtime-cu12 keeps crt/host_defines.h in nvidia-cuda-nvcc-cu12's include/
         crt = cuda_home.parent / "cuda_nvcc" / "include"
         if not (cuda_inc / "crt" / "host_defines.h").is_file():

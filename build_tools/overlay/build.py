@@ -130,6 +130,31 @@ def _compile(tree: Path, build_dir: Path, *, targets: tuple, home: Path, wheel_t
     return {t: Path(p) for t, p in res.libraries.items()}
 
 
+def _use_bundled_cudart(libs: list, wheel: Path) -> list:
+    """Where the wheel bundles its CUDA runtime under a hashed name (torch 1.13.1:
+    torch/lib/libcudart-e409450e.so.11.0, which libtorch_cpu and libtorch_cuda_* load; its official
+    libc10_cuda has the runtime linked in statically), the rebuilt library loads that same file
+    (found through the official $ORIGIN rpath) instead of the header wheel's libcudart.so.NN, so
+    that one runtime serves the process. Returns the bundled names now needed (allowed: they ship
+    in the wheel)."""
+    with zipfile.ZipFile(wheel) as zf:
+        bundled = sorted(Path(n).name for n in zf.namelist() if n.startswith("torch/lib/libcudart-"))
+    if not bundled:
+        return []
+    used = []
+    patchelf = find_tool("patchelf")
+    for lib in libs:
+        for name in dynamic_section(lib)["needed"]:
+            if name.startswith("libcudart.so"):
+                major = name.split(".so", 1)[1]
+                match = next((b for b in bundled if b.endswith(".so" + major)), None)
+                if match is None:
+                    raise OverlayError(f"{lib.name} needs {name}; the wheel bundles only {', '.join(bundled)}")
+                _run([patchelf, "--replace-needed", name, match, str(lib)])
+                used.append(match)
+    return used
+
+
 def _ship_copy(lib: Path, out: Path, official: dict) -> Path:
     """Debug info stripped (like the official library: symtab kept, no DWARF) and the official
     RPATH/DT_RPATH restored (CMake's build RPATH points into this machine)."""
@@ -196,7 +221,7 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
     if not tree.is_dir():
         raise OverlayError(f"tree {tree} does not exist")
     tv = fw.tree_version(tree)
-    if tv != prof.version:
+    if not fw.matches(tv, prof.version):
         raise OverlayError(f"{tree} states version {tv!r} (version.txt), but {tag} is {prof.version}")
 
     # 1. what must be rebuilt (before any download: a refused patch fails in a second)
@@ -254,7 +279,9 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
             offdyn = facts.c10_cuda if lib == "c10_cuda" else dynamic_section(off)
             ship[lib] = _ship_copy(patched[lib], work / "ship" / f"lib{lib}.so", offdyn)
             _ship_copy(pristine[lib], work / "baseline" / f"lib{lib}.so", offdyn)
-            extra_needed = sorted(set(dynamic_section(ship[lib])["needed"]) - set(dynamic_section(off)["needed"]))
+            bundled = _use_bundled_cudart([ship[lib], work / "baseline" / f"lib{lib}.so"], official)
+            extra_needed = sorted(set(dynamic_section(ship[lib])["needed"]) - set(dynamic_section(off)["needed"])
+                                  - set(bundled))
             if extra_needed:
                 raise OverlayError(f"rebuilt lib{lib}.so needs libraries the official one does not: {extra_needed}")
             for k, v in required_versions(ship[lib]).items():

@@ -1,10 +1,11 @@
 """A CUDA "home" (include/ + lib/libcudart.so*) for compiling c10/cuda, made from NVIDIA's PyPI wheels.
 
-The official cu124 torch wheel needs CUDA 12.4 headers; no toolkit is installed on CI. NVIDIA
-publishes the pieces on PyPI:
-  nvidia-cuda-runtime-cu12  include/cuda.h, cuda_runtime_api.h, ... and lib/libcudart.so.12
-  nvidia-cuda-nvcc-cu12     include/crt/*.h (host_config.h, host_defines.h: included by cuda_runtime_api.h)
-  nvidia-nvml-dev-cu12      include/nvml.h (c10/cuda/driver_api.h includes it)
+An official torch wheel needs the CUDA headers it was built with (torch 2.6.0: 12.4, torch 1.13.1:
+11.7); no toolkit is installed on CI. NVIDIA publishes the pieces on PyPI:
+  nvidia-cuda-runtime-cuXX  include/cuda.h, cuda_runtime_api.h, ... and lib/libcudart.so.XX
+  nvidia-cuda-nvcc-cuXX     include/crt/*.h (host_config.h, host_defines.h: included by cuda_runtime_api.h)
+  nvidia-nvml-dev-cu12      include/nvml.h (v2.6.0's c10/cuda/driver_api.h includes it; v1.13.1 has
+                            no driver_api.h and needs no nvml.h)
 They are unpacked once into <cache>/cuda-home/<cuda version>/ (include/ merged, lib/).
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .wheels import fetch_wheel
 HEADER_WHEELS = {
     "12.4": ["nvidia-cuda-runtime-cu12==12.4.127", "nvidia-cuda-nvcc-cu12==12.4.131",
              "nvidia-nvml-dev-cu12==12.4.127"],
+    "11.7": ["nvidia-cuda-runtime-cu11==11.7.99", "nvidia-cuda-nvcc-cu11==11.7.99"],
 }
 DEFAULT_ROOT = REPO_ROOT / ".cache" / "cuda-home"
 
@@ -70,8 +72,9 @@ def cuda_home(cuda: str, *, python: str, runtime_pin: str | None = None, root: P
             link = tmp / "lib" / "libcudart.so"
             if not link.exists():
                 os.symlink(lib.name, link)
-        missing = [h for h in ("cuda.h", "cuda_runtime_api.h", "crt/host_config.h", "nvml.h")
-                   if not (tmp / "include" / h).is_file()]
+        needed = ["cuda.h", "cuda_runtime_api.h", "crt/host_config.h"]
+        needed += ["nvml.h"] if any(r.startswith("nvidia-nvml-dev") for r in reqs) else []
+        missing = [h for h in needed if not (tmp / "include" / h).is_file()]
         if missing:
             raise LmsError(f"CUDA header wheels {reqs} lack {', '.join(missing)}")
         if dest.exists():

@@ -72,7 +72,7 @@ def _match(path: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
-PACKAGE_DATA_ENTRY = re.compile(r'\s*"[^"]+\.(py|pyi|cpp)",\s*(#.*)?')
+PACKAGE_DATA_ENTRY = re.compile(r'''\s*(["'])[^"']+\.(py|pyi|cpp)\1,\s*(#.*)?''')
 COMMENT_OR_BLANK = re.compile(r"\s*(#.*)?")
 
 

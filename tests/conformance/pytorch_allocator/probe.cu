@@ -1,7 +1,6 @@
 // Tiny C binding that drives the REAL c10 CUDA caching allocator (the libc10_cuda.so built from
 // the patched tree) with real kernels, for the pytest conformance suite (loaded with ctypes).
 #include <c10/core/Allocator.h>
-#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -16,9 +15,18 @@
 #include <thread>
 #include <vector>
 
-// private c10 hook that libtorch_cuda normally calls (c10/cuda/CUDAFunctions.cpp)
-namespace c10::cuda::_internal { C10_CUDA_API void setHasPrimaryContext(bool (*func)(c10::DeviceIndex)); }
 namespace A = c10::cuda::CUDACachingAllocator;
+
+// The probe builds against both shipped PyTorch tags. What differs: v2.x has a private c10 hook
+// that libtorch_cuda normally calls (c10/cuda/CUDAFunctions.cpp) and keeps StatType in c10/core;
+// v1.13.1 has neither (nor CUDAAllocatorConfig.h, which tells them apart).
+#if __has_include(<c10/cuda/CUDAAllocatorConfig.h>)
+#define PROBE_HAS_PRIMARY_CONTEXT_HOOK 1
+namespace c10::cuda::_internal { C10_CUDA_API void setHasPrimaryContext(bool (*func)(c10::DeviceIndex)); }
+using ProbeStatType = c10::CachingDeviceAllocator::StatType;
+#else
+using ProbeStatType = A::StatType;
+#endif
 
 static std::string g_err;
 static std::vector<c10::cuda::CUDAStream> g_streams;
@@ -70,13 +78,15 @@ extern "C" {
 
 // libtorch_cuda normally registers this hook (c10 only has a throwing dummy). probe_init creates the
 // primary context of device 0 first (cudaFree(0)), so it exists for the only device we use.
-static bool probe_has_primary_context(c10::DeviceIndex idx) { return idx == 0; }
+[[maybe_unused]] static bool probe_has_primary_context(c10::DeviceIndex idx) { return idx == 0; }
 
 int probe_init(int nstreams) {
   try {
     C10_CUDA_CHECK(cudaSetDevice(0));
     C10_CUDA_CHECK(cudaFree(nullptr));
+#ifdef PROBE_HAS_PRIMARY_CONTEXT_HOOK
     c10::cuda::_internal::setHasPrimaryContext(probe_has_primary_context);
+#endif
     A::init(1);
     c10::cuda::set_device(0);
     g_streams.clear();
@@ -215,7 +225,7 @@ int probe_settings(const char* s) {
 // upstream stats: allocated/reserved/active current+peak (aggregate)
 int probe_stats(long long* out) {
   auto st = A::getDeviceStats(0);
-  auto agg = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+  auto agg = static_cast<size_t>(ProbeStatType::AGGREGATE);
   out[0] = st.allocated_bytes[agg].current; out[1] = st.allocated_bytes[agg].peak;
   out[2] = st.reserved_bytes[agg].current;  out[3] = st.reserved_bytes[agg].peak;
   out[4] = st.num_ooms; out[5] = st.num_alloc_retries;

@@ -1,4 +1,4 @@
-"""GPU conformance of PyTorch LMS in c10/cuda's CUDACachingAllocator (v2.6.0), issue 5.
+"""GPU conformance of PyTorch LMS in c10/cuda's CUDACachingAllocator (v2.6.0 and v1.13.1).
 
 Builds the patched c10 + c10_cuda (and upstream's c10/cuda gtests, and a pristine c10_cuda for the
 "LMS off == upstream" check) on the GPU machine with build_tools.c10_build, then drives the REAL
@@ -6,7 +6,8 @@ allocator through a small ctypes binding (probe.cu) in subprocesses (the preinst
 own libc10_cuda, so nothing here imports torch) and checks with real kernels.
 
 Trees: $LMS_PT_TREE / $LMS_PT_PRISTINE (a patched / pristine PyTorch tree, e.g. carried to a GPU
-machine without internet), else the lms_tree / upstream_tree fixtures (tests/conftest.py).
+machine without internet), else the lms_tree / upstream_tree fixtures (tests/conftest.py) of the tag
+$LMS_PT_TAG (default v2.6.0).
 Builds go to $LMS_PT_BUILD (default .cache/pt-alloc-conformance). Every scenario's JSON result is
 written to <build>/results/<name>.json and a summary is printed at the end (-s) and written to
 <build>/results/summary.json.
@@ -60,10 +61,11 @@ def work(request):
     sys.path.insert(0, str(REPO))
     from build_tools.c10_build import build_c10
 
+    tag = os.environ.get("LMS_PT_TAG", "v2.6.0")
     tree = os.environ.get("LMS_PT_TREE")
-    tree = Path(tree) if tree else request.getfixturevalue("lms_tree")("pytorch", "v2.6.0")
+    tree = Path(tree) if tree else request.getfixturevalue("lms_tree")("pytorch", tag)
     pristine = os.environ.get("LMS_PT_PRISTINE")
-    pristine = Path(pristine) if pristine else request.getfixturevalue("upstream_tree")("pytorch", "v2.6.0")
+    pristine = Path(pristine) if pristine else request.getfixturevalue("upstream_tree")("pytorch", tag)
     out = Path(os.environ.get("LMS_PT_BUILD", REPO / ".cache" / "pt-alloc-conformance"))
     results = Path(os.environ.get("LMS_PT_RESULTS", out / "results"))
     results.mkdir(parents=True, exist_ok=True)

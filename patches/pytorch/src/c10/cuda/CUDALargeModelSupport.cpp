@@ -4,13 +4,12 @@
 // are defined). See CUDALargeModelSupport.h.
 #include <c10/cuda/CUDALargeModelSupport.h>
 
-#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
 #if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-#include <c10/cuda/driver_api.h>
+#include <c10/cuda/impl/LMSDriverAPI.h>
 #endif
 #include <dlfcn.h>
 #include <unistd.h>
@@ -34,6 +33,15 @@ namespace {
 
 constexpr size_t kMiB = 1024 * 1024;
 constexpr int kMaxDevices = 64;
+
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+// CUDA 12.2's host allocations (the driver version, the location types and
+// the device attribute), named here for headers older than 12.2.
+constexpr int kHostNumaDriver = 12020;
+constexpr auto kLocationHost = static_cast<CUmemLocationType>(0x2);
+constexpr auto kLocationHostNuma = static_cast<CUmemLocationType>(0x3);
+constexpr auto kAttrHostNumaId = static_cast<CUdevice_attribute>(134);
+#endif
 
 struct Settings {
   std::atomic<bool> enabled{false};
@@ -160,7 +168,7 @@ void set_enabled(bool on) {
   TORCH_CHECK(
       !on || supported(),
       "Large Model Support needs CUDA virtual memory management with host NUMA "
-      "allocations (CUDA >= 12.2 driver and headers); not available here");
+      "allocations (a CUDA 12.2 or newer driver); not available here");
   settings().enabled = on;
   if (on && settings().launch_gate) {
     // before the program's threads queue work the gate would not have seen
@@ -209,10 +217,20 @@ void set_host_reserve(size_t bytes) {
   settings().host_reserve = bytes;
 }
 
+// Host pages are host allocations of the VMM API: a driver older than CUDA
+// 12.2 makes LMS unavailable. The headers a tag builds with may be older
+// (v1.13.1's wheel: CUDA 11.7); the enum values are fixed in the driver's ABI.
+// Without a driver (0) nothing can be allocated, and settings still work.
 bool supported() {
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED) && \
-    defined(CUDA_VERSION) && CUDA_VERSION >= 12020
-  return true;
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+  static const bool ok = [] {
+    int v = 0;
+    if (cudaDriverGetVersion(&v) != cudaSuccess) {
+      v = 0;
+    }
+    return v == 0 || v >= kHostNumaDriver;
+  }();
+  return ok;
 #else
   return false;
 #endif
