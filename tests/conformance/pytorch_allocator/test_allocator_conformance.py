@@ -33,6 +33,7 @@ FACTS_D2H_GBPS, FACTS_H2D_GBPS = 54.0, 53.0   # /work/shared/FACTS.md, pinned co
 SUMMARY: dict = {}
 GUARD_DIR = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda"  # lms_swap_guard.cpp
 GUARD_API = HERE / "guard_c_api.cpp"  # the net in its c10-only mode, with its C API
+COMPAT_INCLUDES = ("-include", "stdexcept", "-include", "cstdint")
 
 
 def _cuda_home() -> Path:
@@ -71,6 +72,9 @@ def work(request):
     results.mkdir(parents=True, exist_ok=True)
     cuda = _cuda_home()
     kw = _extra_deps()
+    # v1.13.1's c10 headers predate GCC 13's header cleanup (c10/util/Registry.h throws
+    # std::runtime_error without <stdexcept>); harmless for v2.6.0
+    kw["extra_flags"] = COMPAT_INCLUDES
     deps = Path(os.environ.get("LMS_PT_DEPS", REPO / ".device" / "pt-alloc" / "deps"))
     gtest_root = next((str(g) for g in (Path("/usr/src/googletest"), deps / "googletest")
                        if (g / "CMakeLists.txt").is_file()), None)
@@ -88,7 +92,7 @@ def work(request):
         so = out / f"probe-{name}.so"
         fmt = ["-I", str(kw["fmt_include"])] if "fmt_include" in kw else []
         subprocess.run([str(cuda / "bin" / "nvcc"), "-O2", "-std=c++17", "-arch=native", "-shared",
-                        "-Xcompiler", "-fPIC", "-DFMT_HEADER_ONLY=1", "-I", str(tree if name == "lms" else pristine), "-I", str(b.build_dir / "generated"), *fmt,
+                        "-Xcompiler", "-fPIC", *COMPAT_INCLUDES, "-DFMT_HEADER_ONLY=1", "-I", str(tree if name == "lms" else pristine), "-I", str(b.build_dir / "generated"), *fmt,
                         # lms_swap's eviction net in its c10-only mode, over this build's allocator
                         "-DLMS_GUARD_C10_ONLY", "-I", str(GUARD_DIR), str(GUARD_API),
                         str(HERE / "probe.cu"), "-L", str(b.build_dir), "-lc10_cuda", "-lc10",
