@@ -73,8 +73,10 @@ def work(request):
     cuda = _cuda_home()
     kw = _extra_deps()
     # v1.13.1's c10 headers predate GCC 13's header cleanup (c10/util/Registry.h throws
-    # std::runtime_error without <stdexcept>); harmless for v2.6.0
-    kw["extra_flags"] = COMPAT_INCLUDES
+    # std::runtime_error without <stdexcept>); v2.x trees build as they are
+    old_tree = not (tree / "c10" / "cuda" / "CUDAAllocatorConfig.h").is_file()
+    compat = COMPAT_INCLUDES if old_tree else ()
+    kw["extra_flags"] = compat
     deps = Path(os.environ.get("LMS_PT_DEPS", REPO / ".device" / "pt-alloc" / "deps"))
     gtest_root = next((str(g) for g in (Path("/usr/src/googletest"), deps / "googletest")
                        if (g / "CMakeLists.txt").is_file()), None)
@@ -96,7 +98,7 @@ def work(request):
         so = out / f"probe-{name}.so"
         fmt = ["-I", str(kw["fmt_include"])] if "fmt_include" in kw else []
         subprocess.run([str(cuda / "bin" / "nvcc"), "-O2", "-std=c++17", "-arch=native", "-shared",
-                        "-Xcompiler", "-fPIC", *COMPAT_INCLUDES, "-DFMT_HEADER_ONLY=1", "-I", str(tree if name == "lms" else pristine), "-I", str(b.build_dir / "generated"), *fmt,
+                        "-Xcompiler", "-fPIC", *compat, "-DFMT_HEADER_ONLY=1", "-I", str(tree if name == "lms" else pristine), "-I", str(b.build_dir / "generated"), *fmt,
                         # lms_swap's eviction net in its c10-only mode, over this build's allocator
                         *net,
                         str(HERE / "probe.cu"), "-L", str(b.build_dir), "-lc10_cuda", "-lc10",
