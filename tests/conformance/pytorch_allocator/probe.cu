@@ -21,6 +21,7 @@ namespace A = c10::cuda::CUDACachingAllocator;
 // that libtorch_cuda normally calls (c10/cuda/CUDAFunctions.cpp) and keeps StatType in c10/core;
 // v1.13.1 has neither (nor CUDAAllocatorConfig.h, which tells them apart).
 #if __has_include(<c10/cuda/CUDAAllocatorConfig.h>)
+#include <c10/cuda/CUDAAllocatorConfig.h>  // v2.x: setAllocatorSettings
 #define PROBE_HAS_PRIMARY_CONTEXT_HOOK 1
 namespace c10::cuda::_internal { C10_CUDA_API void setHasPrimaryContext(bool (*func)(c10::DeviceIndex)); }
 using ProbeStatType = c10::CachingDeviceAllocator::StatType;
