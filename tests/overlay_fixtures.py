@@ -69,6 +69,20 @@ def _scratch() -> Path:
 SYSTEM_PATH = "/usr/bin:/bin"
 
 
+def build_overlay_wheel(tag: str, tree: Path, timing: str):
+    """(wheel, report dict, log) of `python -m build_tools.overlay <tag> <tree>` into a scratch dist/,
+    run in a child process whose PATH is SYSTEM_PATH."""
+    dist = _scratch() / "dist"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "build_tools.overlay", tag, str(tree), "--dist", str(dist)],
+                          cwd=REPO, env={**os.environ, "PATH": SYSTEM_PATH},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _record(timing, time.monotonic() - t0)
+    assert proc.returncode == 0, f"overlay build of {tag} with PATH={SYSTEM_PATH} failed:\n{proc.stdout[-4000:]}"
+    wheel = Path(proc.stdout.strip().splitlines()[-1])
+    return wheel, json.loads(wheel.with_name(wheel.name + ".overlay.json").read_text()), proc.stdout
+
+
 @pytest.fixture(scope="session")
 def overlay_build(lms_tree):
     """(OverlayResult, tree) of the overlay build of the current LMS sources, made by the CLI in a
@@ -76,20 +90,12 @@ def overlay_build(lms_tree):
     if "build" not in _memo:
         from build_tools.overlay import OverlayResult, plan_overlay
         tree = lms_tree("pytorch", TAG)
-        dist = _scratch() / "dist"
-        t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "build_tools.overlay", TAG, str(tree), "--dist", str(dist)],
-                              cwd=REPO, env={**os.environ, "PATH": SYSTEM_PATH},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        _record("overlay_build_s", time.monotonic() - t0)
-        assert proc.returncode == 0, f"overlay build with PATH={SYSTEM_PATH} failed:\n{proc.stdout[-4000:]}"
-        wheel = Path(proc.stdout.strip().splitlines()[-1])
+        wheel, rep, log = build_overlay_wheel(TAG, tree, "overlay_build_s")
         report = wheel.with_name(wheel.name + ".overlay.json")
-        rep = json.loads(report.read_text())
         res = OverlayResult(wheel, report, rep["version"], rep["platform_tag"], plan_overlay(tree, TAG, TAG),
                             rep["abi"], rep["timings_s"])
         _memo["build"] = (res, tree)
-        _memo["build_log"] = proc.stdout
+        _memo["build_log"] = log
     return _memo["build"]
 
 

@@ -9,7 +9,6 @@ rebuilt libc10_cuda loads the wheel's own CUDA runtime, and torch.cuda's LMS API
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.overlay_fixtures import (DEPS_CACHE, PROBE, SYSTEM_PATH, _record, _scratch, _venv, run_py,
+from tests.overlay_fixtures import (DEPS_CACHE, PROBE, _record, _scratch, _venv, build_overlay_wheel, run_py,
                                     wheel_requirements)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,17 +29,7 @@ _memo: dict = {}
 def build113(lms_tree):
     """(wheel, report dict, build log) of `python -m build_tools.overlay v1.13.1 <tree>`."""
     if "build" not in _memo:
-        tree = lms_tree("pytorch", TAG)
-        dist = _scratch() / "dist"
-        t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "build_tools.overlay", TAG, str(tree), "--dist", str(dist)],
-                              cwd=REPO, env={**os.environ, "PATH": SYSTEM_PATH},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        _record("overlay_build_v1.13.1_s", time.monotonic() - t0)
-        assert proc.returncode == 0, f"overlay build of {TAG} failed:\n{proc.stdout[-4000:]}"
-        wheel = Path(proc.stdout.strip().splitlines()[-1])
-        rep = json.loads(wheel.with_name(wheel.name + ".overlay.json").read_text())
-        _memo["build"] = (wheel, rep, proc.stdout)
+        _memo["build"] = build_overlay_wheel(TAG, lms_tree("pytorch", TAG), "overlay_build_v1.13.1_s")
     return _memo["build"]
 
 
