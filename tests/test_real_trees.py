@@ -169,15 +169,16 @@ def test_make_dry_run_tensorflow_prints_the_pinned_bazel_plan(upstream_repo):
 
 
 def test_rebase_of_the_real_patch_onto_an_older_release_reports_file_by_file(upstream_repo, tmp_path):
-    """How a user starts on a tag we do not ship: the v2.6.0 patch onto PyTorch 1.13.1 (Debian bookworm's
-    tree, imported from its orig tarball), with `git am -3`; the report names every file of the patch."""
+    """How a user starts from another shipped tag's patch: the v2.6.0 patch onto PyTorch 1.13.1 (Debian
+    bookworm's tree, imported from its orig tarball; v1.13.1 ships a patch of its own now, so the v2.6.0
+    one is named with --from), with `git am -3`; the report names every file of the patch."""
     patch = catalog.profile(catalog.framework("pytorch"), "v2.6.0").patch_file
     if not patch.exists():
         pytest.skip("the PyTorch v2.6.0 patch is not exported yet")
     upstream_repo("pytorch", "v2.6.0")
     old = debian.fetch_orig_tarball("pytorch", "1.13.1+dfsg-4", "bookworm", cache_dir() / "apt", cache_dir() / "downloads")
     dest = tmp_path / "pt-1.13"
-    r = tools("rebase", "pytorch", "--onto", "v1.13.1", "--source", str(old), "--from-source", "debian",
+    r = tools("rebase", "pytorch", "--onto", "v1.13.1", "--from", "v2.6.0", "--source", str(old), "--from-source", "debian",
               "--dest", str(dest))
     print(r.stdout, r.stderr[-3000:])
     assert r.returncode in (0, 3), r.stderr
