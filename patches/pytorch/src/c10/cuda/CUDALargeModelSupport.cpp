@@ -221,6 +221,21 @@ void set_host_reserve(size_t bytes) {
 // 12.2 makes LMS unavailable. The headers a tag builds with may be older
 // (v1.13.1's wheel: CUDA 11.7); the enum values are fixed in the driver's ABI.
 // Without a driver (0) nothing can be allocated, and settings still work.
+int set_device_access(unsigned long long va, size_t size, int device) {
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+  CUmemAccessDesc desc = {};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = device;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return c10::cuda::DriverAPI::get()->cuMemSetAccess_(va, size, &desc, 1);
+#else
+  (void)va;
+  (void)size;
+  (void)device;
+  return -1; // not reached: LMS cannot be enabled here (supported())
+#endif
+}
+
 bool supported() {
 #if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
   static const bool ok = [] {

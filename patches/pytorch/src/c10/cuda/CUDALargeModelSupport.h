@@ -53,8 +53,15 @@ C10_CUDA_API void set_host_mem_limit(size_t bytes);
 constexpr size_t kAutoHostReserve = ~size_t(0);
 C10_CUDA_API size_t host_reserve_setting();
 C10_CUDA_API void set_host_reserve(size_t bytes);
-// True when the CUDA driver/headers support host-NUMA VMM handles.
+// False where LMS cannot work: built without the CUDA driver API, or a driver
+// older than CUDA 12.2 (host VMM allocations). True without any driver.
 C10_CUDA_API bool supported();
+// Lets `device` read and write the mapping [va, va + size) (cuMemSetAccess);
+// returns the CUresult. Every mapping LMS makes itself is opened this way.
+C10_CUDA_API int set_device_access(
+    unsigned long long va,
+    size_t size,
+    int device);
 
 // Parses one "lms..." option of an allocator settings string starting at
 // config[i] (the key). Returns true and sets *last to the index of the last
