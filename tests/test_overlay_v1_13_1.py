@@ -98,3 +98,50 @@ print(json.dumps(out))
     r = run_py(venv113, code)
     assert r["enabled"] is True and r["limit"] == 1024 << 20, r
     assert r["bad"] and "lms_bogus" in r["bad"] and "lms_limit_mb" in r["bad"], r
+
+
+def test_activation_swapping_on_v1_13_1(venv113):
+    """torch.cuda.lms_swap ships in the 1.13.1 wheel too: its eviction net needs allocator trace trackers
+    that 1.13.1 lacks, so it is refused with that reason (not a compiler error) and swapping runs on its
+    forecast alone; the swapping itself, run on CPU tensors with 1.13.1's autograd hooks, round-trips
+    saved tensors bitwise."""
+    code = r"""
+import json, warnings, torch, torch.nn as nn
+from torch.cuda import lms_swap
+from torch.cuda.lms_swap import guard
+out = {"reason": guard.unsupported_reason()}
+try:
+    guard.build_guard()
+    out["build"] = None
+except RuntimeError as e:
+    out["build"] = str(e)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    out["loaded"] = guard.load_guard() is not None
+    out["warned"] = [str(x.message) for x in w]
+
+def train(ctx):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                          nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+    x = torch.randn(8, 3, 16, 16).to(memory_format=torch.channels_last)
+    with ctx:
+        loss = model(x).square().mean()
+    loss.backward()
+    return [loss.detach()] + [p.grad for p in model.parameters()]
+
+import contextlib
+sw = lms_swap.ActivationSwapper(device_type="cpu", policy="always", size_threshold=4096,
+                                host_limit=64 << 20, host_min_available=0)
+a, b = train(contextlib.nullcontext()), train(sw)
+out["equal"] = all(torch.equal(u, v) for u, v in zip(a, b))
+s = sw.stats()
+out["out_count"], out["in_bytes"], out["out_bytes"] = s["swap.out_count"], s["swap.in_bytes"], s["swap.out_bytes"]
+print(json.dumps(out))
+"""
+    r = run_py(venv113, code)
+    assert r["reason"] and "trace trackers" in r["reason"] and "1.13.1" in r["reason"], r
+    assert r["build"] == r["reason"], r
+    assert r["loaded"] is False and any("trace trackers" in w for w in r["warned"]), r
+    assert r["equal"] is True, r
+    assert r["out_count"] > 0 and r["in_bytes"] == r["out_bytes"] > 0, r

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -40,11 +40,33 @@ def _cuda_include_dirs() -> List[str]:
                    for h in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")))]
 
 
+def unsupported_reason() -> Optional[str]:
+    """Why this PyTorch cannot host the eviction net, or None.  The net learns of every
+    allocation through the caching allocator's trace trackers
+    (``attachAllocatorTraceTracker``), which PyTorch 1.x's allocator lacks: asked from the
+    installed headers, so a build that back-ports them is not refused."""
+    from torch.utils import cpp_extension
+    for d in cpp_extension.include_paths():
+        header = os.path.join(d, "c10", "cuda", "CUDACachingAllocator.h")
+        if os.path.isfile(header):
+            with open(header, encoding="utf-8", errors="replace") as f:
+                if "attachAllocatorTraceTracker" in f.read():
+                    return None
+            return (f"PyTorch {torch.__version__}'s caching allocator has no trace trackers "
+                    f"(attachAllocatorTraceTracker, PyTorch >= 2.1), which the eviction net "
+                    f"needs; swapping runs on its forecast alone")
+    return None  # no headers found: the build itself says what is missing
+
+
 def build_guard(verbose: bool = False) -> Any:
     """Compiles (once per PyTorch version; cached in ``TORCH_EXTENSIONS_DIR``) and imports
-    the eviction net.  Needs a C++ compiler, ninja and the CUDA runtime headers, not a
-    GPU; raises where it cannot be built.  :func:`load_guard` is what the swapper uses."""
+    the eviction net.  Needs a C++ compiler, ninja, the CUDA runtime headers and a
+    PyTorch with allocator trace trackers (:func:`unsupported_reason`), not a GPU; raises
+    where it cannot be built.  :func:`load_guard` is what the swapper uses."""
     from torch.utils import cpp_extension
+    reason = unsupported_reason()
+    if reason:
+        raise RuntimeError(reason)
     inc = _cuda_include_dirs()
     for header in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")):
         if not any(os.path.isfile(os.path.join(d, header)) for d in inc):
@@ -75,6 +97,9 @@ def load_guard(required: bool = False) -> Any:
             return mod
         mod, err = None, None
         try:
+            reason = unsupported_reason()
+            if reason:
+                raise RuntimeError(reason)
             if not torch.cuda.is_available():
                 raise RuntimeError("CUDA is not available")
             mod = build_guard()
