@@ -48,6 +48,7 @@ LMS_TESTS = [
     "LmsBfc.FragmentationWithoutDefragIsServedBySpilling",
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
+    "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
     "LmsBfc.PlainSubAllocatorKeepsLmsOff",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]

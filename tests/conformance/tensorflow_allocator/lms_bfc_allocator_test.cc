@@ -438,6 +438,51 @@ TEST(LmsBfc, RandomWorkloadBytesIntact) {
   EXPECT_EQ(f.bfc->GetStats()->bytes_in_use, 0);
 }
 
+// A training step's pattern: weights, then activations allocated past the
+// device budget (the oldest spill), then freed newest first while spilled data
+// comes back.  Bringing data back needs a synchronized device; frees do it in
+// batches, a few times per step, not once per freed activation while anything
+// is spilled.  Every byte is checked before it is freed.
+TEST(LmsBfc, BackwardFreesReturnSpilledDataInBatches) {
+  const size_t D = lms_test::DeviceBudget();
+  Fixture f = Make(D, 2 * D, true, false);
+  const size_t w = D / 4, a = D / 16;
+  const int kActs = 24;  // 1.5x the device budget, with the weights 1.75x
+  void* weights = f.bfc->AllocateRaw(64, w);
+  ASSERT_NE(weights, nullptr);
+  lms_test::Fill(weights, w, 7);
+  for (int step = 0; step < 3; ++step) {
+    const LmsStats start = f.bfc->GetLmsStats();
+    std::vector<void*> acts;
+    for (int i = 0; i < kActs; ++i) {
+      void* p = f.bfc->AllocateRaw(64, a);
+      ASSERT_NE(p, nullptr) << f.bfc->LmsLastError();
+      lms_test::Fill(p, a, 1000 * step + i);
+      acts.push_back(p);
+    }
+    const LmsStats forward = f.bfc->GetLmsStats();
+    ASSERT_GT(forward.host_bytes_in_use, 0) << "nothing spilled";
+    for (int i = kActs - 1; i >= 0; --i) {
+      ASSERT_EQ(Mismatches(acts[i], a, 1000 * step + i), 0u) << step << " " << i;
+      f.bfc->DeallocateRaw(acts[i]);
+    }
+    ASSERT_EQ(Mismatches(weights, w, 7), 0u) << step;
+    const LmsStats end = f.bfc->GetLmsStats();
+    const int64_t syncs = end.num_device_syncs - forward.num_device_syncs;
+    LOG(INFO) << "step " << step << ": device syncs in forward "
+              << forward.num_device_syncs - start.num_device_syncs
+              << ", in backward " << syncs << " (on free "
+              << end.num_device_syncs_on_free - forward.num_device_syncs_on_free
+              << ") for " << kActs << " frees; host bytes at the end "
+              << end.host_bytes_in_use << ", swapped in "
+              << end.bytes_swapped_in - forward.bytes_swapped_in;
+    EXPECT_LE(syncs, kActs / 4) << "step " << step;
+    EXPECT_GT(end.bytes_swapped_in, forward.bytes_swapped_in) << step;
+    EXPECT_EQ(end.host_bytes_in_use, 0) << "spilled data left behind";
+  }
+  f.bfc->DeallocateRaw(weights);
+}
+
 // An allocator whose sub-allocator is not page-mapped keeps LMS off.
 TEST(LmsBfc, PlainSubAllocatorKeepsLmsOff) {
   BFCAllocator::Options o;

@@ -42,6 +42,7 @@ MUST_PASS = [
     "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
+    "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]
 # gtest skips the writers test when the launch gate is inactive; only a missing CUPTI library
@@ -80,6 +81,7 @@ SANITIZED = ":".join([
     "LmsBfc.SpilledDataUsableInPlaceAndBroughtBack",
     "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
     "LmsBfc.RandomWorkloadBytesIntact",
+    "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
     "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/0",
 ])

@@ -26,10 +26,15 @@ limitations under the License.
 //     every pointer stays valid and its bytes stay readable and writable.
 //  3. the freed device pages are mapped under the new allocation.
 //
-// When an allocation is freed while data is spilled, the device pages of the
-// freed memory are used to bring the most recently used spilled allocations
-// back ("swap in").  The host memory used for spilling is bounded by
-// TF_GPU_HOST_MEM_LIMIT_IN_MB.
+// While data is spilled, device memory that frees give back is used to bring
+// the most recently used spilled allocations back ("swap in", a return).  A
+// return needs a quiesced device (below), so frees do not return one by one:
+// a return runs once bytes in use fell, since the last one, by as much as is
+// spilled or by a quarter of the device budget, whichever is less; training's
+// backward pass then synchronizes a few times per step, not once per freed
+// tensor.  Between returns, freed host pages stay mapped under free chunks
+// (released at the next return or spill).  The host memory used for
+// spilling is bounded by TF_GPU_HOST_MEM_LIMIT_IN_MB.
 //
 // Invariant: pages without physical backing only ever lie inside free chunks;
 // FindChunkPtr maps device pages under them before a chunk is handed out.
@@ -141,6 +146,7 @@ bool BFCAllocator::LmsCanBack(const Chunk* free_chunk, size_t rounded_bytes) {
 }
 
 void BFCAllocator::LmsPrepareChunk(ChunkHandle h) {
+  lms_in_use_mark_ = std::max(lms_in_use_mark_, stats_.bytes_in_use);
   Chunk* c = ChunkFromHandle(h);
   Status s = lms_->BackRange(c->ptr, c->size);
   // LmsCanBack() was checked with the lock held: this only fails on driver
@@ -168,8 +174,12 @@ BFCAllocator::ChunkHandle BFCAllocator::LmsBestFit(size_t rounded_bytes) {
   return kInvalidChunkHandle;
 }
 
+// Unmaps the pages under free chunks shorter than 'below_bytes', other than
+// 'keep', until 'want_pages' are released (device pages; host pages only, and
+// counted, with 'host_only').  In a QuietScope: queued work may still read
+// freed memory.
 size_t BFCAllocator::LmsReleaseFreePages(size_t want_pages, size_t below_bytes,
-                                         ChunkHandle keep) {
+                                         ChunkHandle keep, bool host_only) {
   const size_t ps = lms_->page_size();
   size_t released = 0;
   for (const AllocationRegion& region : region_manager_.regions()) {
@@ -182,8 +192,9 @@ size_t BFCAllocator::LmsReleaseFreePages(size_t want_pages, size_t below_bytes,
         const uintptr_t hi = RoundDownTo(b + c->size, ps);
         if (hi > lo) {
           size_t host_released = 0;
-          released += lms_->ReleaseRange(reinterpret_cast<void*>(lo), hi - lo,
-                                         &host_released);
+          const size_t device_released = lms_->ReleaseRange(
+              reinterpret_cast<void*>(lo), hi - lo, &host_released, host_only);
+          released += host_only ? host_released : device_released;
         }
       }
       h = c->next;
@@ -251,6 +262,10 @@ void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
     // Pages are about to be unmapped or moved: quiesce the device until they
     // are in place (the scope ends with this call).
     LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
+    // Freed host pages first: they count against the host budget.
+    if (lms_->host_pages_mapped() > 0) {
+      LmsReleaseFreePages(SIZE_MAX, SIZE_MAX, target, /*host_only=*/true);
+    }
     if (opts_.lms_defrag_enabled) {
       size_t released = LmsReleaseFreePages(
           want - lms_->DevicePagesAvailable(), rounded_bytes, target);
@@ -360,20 +375,29 @@ void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
 
 void BFCAllocator::LmsOnFree(const void* freed_ptr, ChunkHandle h) {
   lms_touched_.erase(freed_ptr);
-  if (lms_->host_pages_mapped() == 0) return;
-  const size_t ps = lms_->page_size();
-  const Chunk* c = ChunkFromHandle(h);
-  const uintptr_t b = reinterpret_cast<uintptr_t>(c->ptr);
-  const uintptr_t lo = RoundUpTo(b, ps);
-  const uintptr_t hi = RoundDownTo(b + c->size, ps);
-  if (hi <= lo) return;
+  if (lms_->host_pages_mapped() == 0) {
+    lms_in_use_mark_ = stats_.bytes_in_use;
+    return;
+  }
+  const int64_t ps = lms_->page_size();
+  const int64_t batch = std::max<int64_t>(
+      ps, std::min<int64_t>(lms_->host_pages_mapped() * ps,
+                            lms_->device_bytes_limit() / 4));
+  if (lms_in_use_mark_ - stats_.bytes_in_use >= batch) LmsReturnSpilled();
+}
+
+// One return (see the top of this file): gives back the host pages under
+// free chunks, unmaps free device pages where spilled data needs them, and
+// brings the most recently used spilled allocations back.
+void BFCAllocator::LmsReturnSpilled() {
   {
-    // Queued work may still read the freed memory (stream ordered frees).
+    // Freed memory may still be read by queued work, and spilled pages moved
+    // back may be in use: quiesce the device until both are done.
     LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
-    size_t host_released = 0;
-    lms_->ReleaseRange(reinterpret_cast<void*>(lo), hi - lo, &host_released);
-    // Spilled data has priority over cached free device memory: release the
-    // device pages under other free chunks too, then bring data back.
+    ++lms_stats_.num_device_syncs_on_free;
+    LmsReleaseFreePages(SIZE_MAX, SIZE_MAX, kInvalidChunkHandle,
+                        /*host_only=*/true);
+    // Spilled data has priority over cached free device memory.
     if (lms_->host_pages_mapped() > lms_->DevicePagesAvailable()) {
       LmsReleaseFreePages(
           lms_->host_pages_mapped() - lms_->DevicePagesAvailable(), SIZE_MAX,
@@ -381,11 +405,12 @@ void BFCAllocator::LmsOnFree(const void* freed_ptr, ChunkHandle h) {
     }
     LmsFetchMru();
   }
+  lms_in_use_mark_ = stats_.bytes_in_use;
   // Keep a small host pool for the next spill; give the rest back.
-  lms_->TrimHostPool(lms_->device_bytes_limit() / ps / 8);
+  lms_->TrimHostPool(lms_->device_bytes_limit() / lms_->page_size() / 8);
 }
 
-// In a QuietScope (LmsOnFree).
+// In a QuietScope (LmsReturnSpilled).
 void BFCAllocator::LmsFetchMru() {
   if (lms_->host_pages_mapped() == 0 || lms_->DevicePagesAvailable() == 0) {
     return;
@@ -440,6 +465,7 @@ LmsStats BFCAllocator::GetLmsStats() {
     s.host_bytes_in_use = lms_->host_pages_mapped() * ps;
     s.peak_host_bytes_in_use = lms_->peak_host_pages_mapped() * ps;
     s.host_bytes_reserved = lms_->host_pages_created() * ps;
+    s.num_device_syncs = static_cast<int64_t>(lms_->quiet_scopes());
     lms_->AddLaunchGateStats(&s);
   }
   return s;

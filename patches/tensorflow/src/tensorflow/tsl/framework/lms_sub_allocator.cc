@@ -49,6 +49,8 @@ std::string LmsStats::DebugString() const {
       "\nDefrag events: ", num_defrag_events,
       "\nBytes defragmented: ", bytes_defragmented,
       "\nFailures: ", num_failures,
+      "\nDevice syncs: ", num_device_syncs,
+      "\nDevice syncs on free: ", num_device_syncs_on_free,
       "\nLaunch gate active: ", launch_gate_active,
       "\nLaunch gate inactive reason: ", launch_gate_inactive_reason,
       "\nLaunch gate gated calls: ", launch_gate_gated_calls,
@@ -443,13 +445,15 @@ Status LmsVirtualMemSubAllocator::FetchRange(const void* p, size_t bytes,
 }
 
 size_t LmsVirtualMemSubAllocator::ReleaseRange(const void* p, size_t bytes,
-                                               size_t* host_released) {
+                                               size_t* host_released,
+                                               bool host_only) {
   *host_released = 0;
   size_t first, last, device_released = 0;
   PageSpan(p, bytes, &first, &last);
   for (size_t i = first; i < last; ++i) {
     Page& pg = pages_[i];
     if (pg.state == PageState::kUnbacked) continue;
+    if (host_only && pg.state != PageState::kHost) continue;
     Status s = backend_->Unmap(base_ + i * page_size_);
     if (!s.ok()) {
       LOG(ERROR) << "LMS: unmapping a page failed: " << s;

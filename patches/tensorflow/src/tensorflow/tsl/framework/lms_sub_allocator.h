@@ -71,6 +71,10 @@ struct LmsStats {
   int64_t num_defrag_events = 0;       // Slow paths that remapped free pages.
   int64_t bytes_defragmented = 0;      // Free device bytes remapped by defrag.
   int64_t num_failures = 0;            // Requests LMS could not serve.
+  // Quiesced scopes (each synchronizes the device): spills, returns, defrag.
+  int64_t num_device_syncs = 0;
+  // Of those, returns of spilled data started by frees (one per batch).
+  int64_t num_device_syncs_on_free = 0;
 
   // The launch gate of the page backend (process-wide; see
   // LmsPageBackend::Quiesce): while it is active, other threads' kernel
@@ -178,25 +182,31 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   // Brings back host pages of [p, p + bytes) while device pages are
   // available.
   Status FetchRange(const void* p, size_t bytes, size_t* pages_fetched);
-  // Unmaps the pages of [p, p + bytes) (must hold no live data) and recycles
-  // their physical pages.  Returns the number of device pages released.
-  size_t ReleaseRange(const void* p, size_t bytes, size_t* host_released);
+  // Unmaps the pages of [p, p + bytes) (must hold no live data; only the host
+  // pages with 'host_only') and recycles their physical pages.  Returns the
+  // number of device pages released.
+  size_t ReleaseRange(const void* p, size_t bytes, size_t* host_released,
+                      bool host_only = false);
   // Maps device pages under the unbacked pages of [p, p + bytes).  Fails when
   // not enough device pages are available (nothing is mapped then).
   Status BackRange(const void* p, size_t bytes);
   // While one lives, pages that may be in use can be copied and unmapped:
   // the backend is quiesced (LmsPageBackend::Quiesce) from its construction
-  // to its destruction, on every path out of the scope.
+  // to its destruction, on every path out of the scope.  Scopes nest; the
+  // outermost ones are counted (quiet_scopes()).
   class QuietScope {
    public:
-    explicit QuietScope(LmsVirtualMemSubAllocator* a)
-        : backend_(a->backend_.get()) {
-      backend_->Quiesce();
+    explicit QuietScope(LmsVirtualMemSubAllocator* a) : a_(a) {
+      if (a_->quiet_depth_++ == 0) ++a_->quiet_scopes_;
+      a_->backend_->Quiesce();
     }
-    ~QuietScope() { backend_->Resume(); }
+    ~QuietScope() {
+      a_->backend_->Resume();
+      --a_->quiet_depth_;
+    }
 
    private:
-    LmsPageBackend* const backend_;
+    LmsVirtualMemSubAllocator* const a_;
     QuietScope(const QuietScope&) = delete;
     void operator=(const QuietScope&) = delete;
   };
@@ -211,6 +221,8 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   size_t peak_host_pages_mapped() const { return peak_host_mapped_; }
   size_t device_pages_created() const { return device_created_; }
   size_t host_pages_created() const { return host_created_; }
+  // Outermost QuietScopes opened so far.
+  size_t quiet_scopes() const { return quiet_scopes_; }
   const std::string& backend_name() const { return backend_name_; }
   const LmsPageBackend* backend() const { return backend_.get(); }
   // True if 'p' lies in this allocator's reserved address range.
@@ -251,6 +263,7 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   std::vector<LmsPageBackend::PageHandle> device_pool_, host_pool_;
   size_t device_created_ = 0, host_created_ = 0;
   size_t device_mapped_ = 0, host_mapped_ = 0, peak_host_mapped_ = 0;
+  size_t quiet_depth_ = 0, quiet_scopes_ = 0;
 
   LmsVirtualMemSubAllocator(const LmsVirtualMemSubAllocator&) = delete;
   void operator=(const LmsVirtualMemSubAllocator&) = delete;
