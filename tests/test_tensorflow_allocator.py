@@ -49,6 +49,7 @@ LMS_TESTS = [
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
+    "LmsBfc.SpillAndReturnBandwidth",
     "LmsBfc.PlainSubAllocatorKeepsLmsOff",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]

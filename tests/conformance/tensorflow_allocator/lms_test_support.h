@@ -44,6 +44,11 @@ inline size_t CountMismatches(const void* p, size_t bytes, uint32_t seed) {
   return CountMismatchesAdd(p, bytes, seed, 0);
 }
 
+// Seconds of one copy of 'bytes' between device memory and pinned host memory
+// (to_host: device to host), the best of three; a negative value where the
+// backend has no such copy (CPU).
+double PinnedCopySeconds(size_t bytes, bool to_host);
+
 // The backends' part of Writers: what the writer threads share (CUDA: the one
 // compute stream; CPU: nothing), and one round of +1 passes over every word of
 // a block, finished before it returns (CPU: plain writes; CUDA: a kernel on the

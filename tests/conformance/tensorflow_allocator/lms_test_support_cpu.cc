@@ -158,6 +158,8 @@ std::unique_ptr<tsl::SubAllocator> VmmSubAllocator(size_t va_bytes) {
   return MakeLmsSubAllocator(va_bytes, va_bytes, 0);
 }
 
+double PinnedCopySeconds(size_t, bool) { return -1; }
+
 void Fill(void* p, size_t bytes, uint32_t seed) {
   uint32_t* w = static_cast<uint32_t*>(p);
   for (size_t i = 0; i < bytes / 4; ++i) w[i] = Pattern(seed, i);

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "lms_test_support.h"
@@ -77,6 +79,27 @@ std::unique_ptr<tsl::SubAllocator> PlainSubAllocator(size_t) {
 
 std::unique_ptr<tsl::SubAllocator> VmmSubAllocator(size_t va_bytes) {
   return MakeLmsSubAllocator(va_bytes, va_bytes, 0);
+}
+
+double PinnedCopySeconds(size_t bytes, bool to_host) {
+  cuCtxSetCurrent(PrimaryContext());
+  CUdeviceptr dev;
+  void* host = nullptr;
+  CHECK_EQ(cuMemAlloc(&dev, bytes), CUDA_SUCCESS);
+  CHECK_EQ(cuMemAllocHost(&host, bytes), CUDA_SUCCESS);
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_EQ(to_host ? cuMemcpyDtoH(host, dev, bytes)
+                     : cuMemcpyHtoD(dev, host, bytes),
+             CUDA_SUCCESS);
+    best = std::min(best, std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count());
+  }
+  cuMemFreeHost(host);
+  cuMemFree(dev);
+  return best;
 }
 
 void Fill(void* p, size_t bytes, uint32_t seed) {

@@ -43,6 +43,7 @@ MUST_PASS = [
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
+    "LmsBfc.SpillAndReturnBandwidth",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]
 # gtest skips the writers test when the launch gate is inactive; only a missing CUPTI library

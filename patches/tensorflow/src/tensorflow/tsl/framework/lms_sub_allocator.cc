@@ -297,14 +297,6 @@ void LmsVirtualMemSubAllocator::RecyclePage(bool host,
   (host ? host_pool_ : device_pool_).push_back(h);
 }
 
-void LmsVirtualMemSubAllocator::TrimHostPool(size_t keep) {
-  while (host_pool_.size() > keep) {
-    backend_->DestroyPage(true, host_pool_.back());
-    host_pool_.pop_back();
-    --host_created_;
-  }
-}
-
 Status LmsVirtualMemSubAllocator::MapFresh(size_t index, bool host) {
   LmsPageBackend::PageHandle h;
   TF_RETURN_IF_ERROR(TakePage(host, &h));

@@ -228,9 +228,6 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   // True if 'p' lies in this allocator's reserved address range.
   bool Owns(const void* p) const;
 
-  // Returns free pooled host pages to the system (keeps 'keep' pages).
-  void TrimHostPool(size_t keep);
-
  private:
   LmsVirtualMemSubAllocator(std::unique_ptr<LmsPageBackend> backend,
                             char* base, size_t va_bytes,
