@@ -285,10 +285,8 @@ class GpuLmsPageBackend : public LmsPageBackend {
     return MapRangeLocked(va, &handle, 1);
   }
   // Maps handles[0, m) at va, page after page, then gives the device access
-  // to the whole range in one cuMemSetAccess: changing access is the costly
-  // part of a remap, and one call per range instead of per page is what lets
-  // a move run near copy speed.  On failure nothing of the range stays
-  // mapped.
+  // to the whole range in one cuMemSetAccess (one driver call per range, not
+  // per page).  On failure nothing of the range stays mapped.
   Status MapRangeLocked(CUdeviceptr va, const PageHandle* handles, size_t m) {
     for (size_t k = 0; k < m; ++k) {
       Status s = CuStatus(
