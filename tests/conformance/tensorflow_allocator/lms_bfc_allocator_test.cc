@@ -143,18 +143,24 @@ TEST(LmsBfc, TwiceTheDeviceRefusedWithoutLms) {
   }
 }
 
+// Allocates two blocks of 'half' bytes, 'a' filled with seed 1, 'b' with 2.
+void TwoHalves(Fixture* f, size_t half, void** a, void** b) {
+  *a = f->bfc->AllocateRaw(64, half);
+  *b = f->bfc->AllocateRaw(64, half);
+  ASSERT_NE(*a, nullptr);
+  ASSERT_NE(*b, nullptr);
+  lms_test::Fill(*a, half, 1);
+  lms_test::Fill(*b, half, 2);
+}
+
 // Spilled data stays readable and writable at the same pointer and comes
 // back to the device when memory is freed.
 TEST(LmsBfc, SpilledDataUsableInPlaceAndBroughtBack) {
   const size_t D = lms_test::DeviceBudget();
   Fixture f = Make(D, D, true, false);
   const size_t half = D / 2;
-  void* a = f.bfc->AllocateRaw(64, half);
-  void* b = f.bfc->AllocateRaw(64, half);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  lms_test::Fill(a, half, 1);
-  lms_test::Fill(b, half, 2);
+  void *a, *b;
+  ASSERT_NO_FATAL_FAILURE(TwoHalves(&f, half, &a, &b));
   void* c = f.bfc->AllocateRaw(64, half);
   ASSERT_NE(c, nullptr) << f.bfc->LmsLastError();
   lms_test::Fill(c, half, 3);
@@ -494,12 +500,8 @@ TEST(LmsBfc, SpillAndReturnBandwidth) {
   const size_t D = lms_test::DeviceBudget();
   Fixture f = Make(D, D, true, false);
   const size_t half = D / 2;
-  void* a = f.bfc->AllocateRaw(64, half);
-  void* b = f.bfc->AllocateRaw(64, half);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
-  lms_test::Fill(a, half, 1);
-  lms_test::Fill(b, half, 2);
+  void *a, *b;
+  ASSERT_NO_FATAL_FAILURE(TwoHalves(&f, half, &a, &b));
   const double out_ref = lms_test::PinnedCopySeconds(half, true);
   const double in_ref = lms_test::PinnedCopySeconds(half, false);
   auto secs = [](std::chrono::steady_clock::time_point t0) {
