@@ -16,6 +16,7 @@ from build_tools.upstream import cache_dir, debian, parse_source
 
 REPO = Path(__file__).resolve().parent.parent
 TREES = [("pytorch", "v2.6.0", "c10/cuda/CUDACachingAllocator.cpp"),
+         ("pytorch", "v1.13.1", "c10/cuda/CUDACachingAllocator.cpp"),
          ("tensorflow", "v2.14.1", "tensorflow/tsl/framework/bfc_allocator.cc")]
 
 
