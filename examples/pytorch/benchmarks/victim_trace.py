@@ -29,6 +29,7 @@ compares the policies' choices, not a run of the allocator.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import heapq
 import json
@@ -104,7 +105,7 @@ def cmd_record(args) -> None:
     import zoo
     model, loss_fn, _units, _unit = zoo.build(args.model, args.batch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ctx = __import__("contextlib").nullcontext
+    ctx = contextlib.nullcontext
     zoo.train_step(loss_fn, opt, ctx)              # warm-up: optimizer state exists
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

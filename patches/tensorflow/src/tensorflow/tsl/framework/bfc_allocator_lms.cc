@@ -373,7 +373,7 @@ void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
   return nullptr;
 }
 
-void BFCAllocator::LmsOnFree(const void* freed_ptr, ChunkHandle h) {
+void BFCAllocator::LmsOnFree(const void* freed_ptr) {
   lms_touched_.erase(freed_ptr);
   if (lms_->host_pages_mapped() == 0) {
     lms_in_use_mark_ = stats_.bytes_in_use;

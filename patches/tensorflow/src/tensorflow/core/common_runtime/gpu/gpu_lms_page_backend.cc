@@ -222,7 +222,9 @@ class GpuLmsPageBackend : public LmsPageBackend {
     for (size_t done = 0; done < n;) {
       const size_t m = std::min(n - done, scratch_pages_);
       // Map the new pages in the scratch window and copy the data over.
-      TF_RETURN_IF_ERROR(MapRangeLocked(scratch_, &to[done], m));
+      for (size_t k = 0; k < m; ++k) {
+        TF_RETURN_IF_ERROR(MapLocked(scratch_ + k * page_, to[done + k]));
+      }
       Status s = CuStatus(cuMemcpyDtoDAsync(scratch_, base + done * page_,
                                             m * page_, stream_),
                           "cuMemcpyDtoDAsync");
@@ -232,12 +234,11 @@ class GpuLmsPageBackend : public LmsPageBackend {
       }
       TF_RETURN_IF_ERROR(s);
       // Put the new pages under the original addresses.
-      const CUdeviceptr dst = base + done * page_;
       for (size_t k = 0; k < m; ++k) {
-        TF_RETURN_IF_ERROR(
-            CuStatus(cuMemUnmap(dst + k * page_, page_), "cuMemUnmap"));
+        const CUdeviceptr p = base + (done + k) * page_;
+        TF_RETURN_IF_ERROR(CuStatus(cuMemUnmap(p, page_), "cuMemUnmap"));
+        TF_RETURN_IF_ERROR(MapLocked(p, to[done + k]));
       }
-      TF_RETURN_IF_ERROR(MapRangeLocked(dst, &to[done], m));
       done += m;
     }
     return tsl::OkStatus();
@@ -282,31 +283,16 @@ class GpuLmsPageBackend : public LmsPageBackend {
 
  private:
   Status MapLocked(CUdeviceptr va, PageHandle handle) {
-    return MapRangeLocked(va, &handle, 1);
-  }
-  // Maps handles[0, m) at va, page after page, then gives the device access
-  // to the whole range in one cuMemSetAccess (one driver call per range, not
-  // per page).  On failure nothing of the range stays mapped.
-  Status MapRangeLocked(CUdeviceptr va, const PageHandle* handles, size_t m) {
-    for (size_t k = 0; k < m; ++k) {
-      Status s = CuStatus(
-          cuMemMap(va + k * page_, page_, 0,
-                   static_cast<CUmemGenericAllocationHandle>(handles[k]), 0),
-          "cuMemMap");
-      if (!s.ok()) {
-        while (k-- > 0) cuMemUnmap(va + k * page_, page_);
-        return s;
-      }
-    }
+    TF_RETURN_IF_ERROR(CuStatus(
+        cuMemMap(va, page_, 0,
+                 static_cast<CUmemGenericAllocationHandle>(handle), 0),
+        "cuMemMap"));
     CUmemAccessDesc access = {};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = ordinal_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    Status s =
-        CuStatus(cuMemSetAccess(va, m * page_, &access, 1), "cuMemSetAccess");
-    if (!s.ok()) {
-      for (size_t k = 0; k < m; ++k) cuMemUnmap(va + k * page_, page_);
-    }
+    Status s = CuStatus(cuMemSetAccess(va, page_, &access, 1), "cuMemSetAccess");
+    if (!s.ok()) cuMemUnmap(va, page_);
     return s;
   }
 
