@@ -49,7 +49,10 @@ LMS_TESTS = [
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
-    "LmsBfc.SpillAndReturnBandwidth",
+    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",
+    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/1",
+    "LmsBfc.PageAndReserveSettings",
+    "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
     "LmsBfc.PlainSubAllocatorKeepsLmsOff",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]

@@ -53,6 +53,7 @@ TREE_HEADERS = [
 TREE_SOURCES = [
     "tensorflow/tsl/framework/bfc_allocator.cc",
     "tensorflow/tsl/framework/bfc_allocator_lms.cc",
+    "tensorflow/tsl/framework/lms_posix_page_backend.cc",
     "tensorflow/tsl/framework/lms_sub_allocator.cc",
     "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.cc",
 ]

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -30,9 +31,10 @@ struct Fixture {
 };
 
 Fixture Make(size_t device, size_t host, bool lms, bool defrag,
-             bool allow_growth = true, bool garbage_collection = false) {
+             bool allow_growth = true, bool garbage_collection = false,
+             size_t host_reserve = LmsVirtualMemSubAllocator::kHostReserveAuto) {
   const size_t va = 8 * device + 2 * host;
-  auto sub = lms_test::MakeLmsSubAllocator(va, device, host);
+  auto sub = lms_test::MakeLmsSubAllocator(va, device, host, host_reserve);
   CHECK(sub != nullptr);
   Fixture f;
   f.sub = sub.get();
@@ -143,14 +145,85 @@ TEST(LmsBfc, TwiceTheDeviceRefusedWithoutLms) {
   }
 }
 
-// Allocates two blocks of 'half' bytes, 'a' filled with seed 1, 'b' with 2.
-void TwoHalves(Fixture* f, size_t half, void** a, void** b) {
+// Allocates two blocks of 'half' bytes, 'a' filled with seed 1, 'b' with 2;
+// 'b_seconds': how long b's allocation took (a new region, nothing spilled).
+void TwoHalves(Fixture* f, size_t half, void** a, void** b,
+               double* b_seconds = nullptr) {
   *a = f->bfc->AllocateRaw(64, half);
+  const auto t0 = std::chrono::steady_clock::now();
   *b = f->bfc->AllocateRaw(64, half);
+  if (b_seconds != nullptr) {
+    *b_seconds = std::chrono::duration<double>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count();
+  }
   ASSERT_NE(*a, nullptr);
   ASSERT_NE(*b, nullptr);
   lms_test::Fill(*a, half, 1);
   lms_test::Fill(*b, half, 2);
+}
+
+// Waits until the filler made 'bytes' of host pages ahead; false after 60 s.
+bool WaitMadeAhead(Fixture* f, int64_t bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (f->bfc->GetLmsStats().host_bytes_made_ahead < bytes) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Once 3/4 of the device budget is mapped, host pages are made ahead of need
+// (off the allocator's lock), a spill takes them instead of making its own,
+// and made-ahead pages never take the host budget past its limit.
+TEST(LmsBfc, HostPagesMadeAheadWithinTheHostBudget) {
+  const size_t D = lms_test::DeviceBudget();
+  const size_t half = D / 2;
+  const size_t ps = Make(D, D, true, false).sub->page_size();
+  const size_t host = half + 2 * ps;
+  Fixture f = Make(D, host, true, false, true, false, /*host_reserve=*/half);
+  void* a = f.bfc->AllocateRaw(64, half);
+  ASSERT_NE(a, nullptr);
+  lms_test::Fill(a, half, 1);
+  // Half the budget mapped: nothing is made yet.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(f.bfc->GetLmsStats().host_bytes_reserved, 0);
+  void* b = f.bfc->AllocateRaw(64, half);
+  ASSERT_NE(b, nullptr);
+  lms_test::Fill(b, half, 2);
+  ASSERT_TRUE(WaitMadeAhead(&f, half)) << f.bfc->GetLmsStats().DebugString();
+  LmsStats s = f.bfc->GetLmsStats();
+  EXPECT_EQ(s.host_reserve_bytes, static_cast<int64_t>(half));
+  EXPECT_EQ(s.host_bytes_in_use, 0);
+  EXPECT_GE(s.host_bytes_reserved, static_cast<int64_t>(half));
+  // The spill takes made-ahead pages: none is made on its path.
+  void* c = f.bfc->AllocateRaw(64, half);
+  ASSERT_NE(c, nullptr) << f.bfc->LmsLastError();
+  lms_test::Fill(c, half, 3);
+  s = f.bfc->GetLmsStats();
+  EXPECT_EQ(s.bytes_swapped_out, static_cast<int64_t>(half));
+  EXPECT_EQ(s.host_bytes_reserved, s.host_bytes_made_ahead);
+  // The filler tops the pool up to what the host budget has left (2 pages),
+  // and no further.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (f.bfc->GetLmsStats().host_bytes_reserved < static_cast<int64_t>(host) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  s = f.bfc->GetLmsStats();
+  EXPECT_EQ(s.host_bytes_reserved, static_cast<int64_t>(host));
+  EXPECT_LE(s.host_bytes_reserved, s.host_bytes_limit);
+  EXPECT_EQ(Mismatches(a, half, 1), 0u);
+  EXPECT_EQ(Mismatches(b, half, 2), 0u);
+  EXPECT_EQ(Mismatches(c, half, 3), 0u);
+  f.bfc->DeallocateRaw(c);
+  EXPECT_EQ(Mismatches(a, half, 1), 0u);
+  EXPECT_EQ(f.bfc->GetLmsStats().host_bytes_in_use, 0);
+  f.bfc->DeallocateRaw(a);
+  f.bfc->DeallocateRaw(b);
 }
 
 // Spilled data stays readable and writable at the same pointer and comes
@@ -496,12 +569,20 @@ TEST(LmsBfc, BackwardFreesReturnSpilledDataInBatches) {
 // pages the last return left pooled), then brought back by the free that
 // makes room.  Printed; asserted only that every byte survives (on the
 // CPU backend there is no pinned copy to compare with).
-TEST(LmsBfc, SpillAndReturnBandwidth) {
+// Host pages made ahead (the default) and made on the spill's path.
+class LmsBandwidth : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LmsBandwidth, SpillAndReturnBandwidth) {
   const size_t D = lms_test::DeviceBudget();
-  Fixture f = Make(D, D, true, false);
   const size_t half = D / 2;
+  const bool ahead = GetParam();
+  Fixture f = Make(D, D, true, false, true, false, ahead ? half : 0);
   void *a, *b;
-  ASSERT_NO_FATAL_FAILURE(TwoHalves(&f, half, &a, &b));
+  double new_region = 0;
+  ASSERT_NO_FATAL_FAILURE(TwoHalves(&f, half, &a, &b, &new_region));
+  LOG(INFO) << "allocating half the budget in a new region, nothing spilled: "
+            << new_region << " s";
+  if (ahead) ASSERT_TRUE(WaitMadeAhead(&f, half));
   const double out_ref = lms_test::PinnedCopySeconds(half, true);
   const double in_ref = lms_test::PinnedCopySeconds(half, false);
   auto secs = [](std::chrono::steady_clock::time_point t0) {
@@ -534,11 +615,53 @@ TEST(LmsBfc, SpillAndReturnBandwidth) {
                              half / out_ref / 1e9, " GB/s, in ",
                              half / in_ref / 1e9, " GB/s)");
     }
-    LOG(INFO) << "bandwidth round " << round << ": spill " << out_b / spill / 1e9
+    const double moves_out = (s1.swap_out_ns - s0.swap_out_ns) * 1e-9;
+    const double moves_in = (s2.swap_in_ns - s1.swap_in_ns) * 1e-9;
+    if (out_ref > 0 && in_ref > 0 && moves_out > 0 && moves_in > 0) {
+      frac += strings::StrCat("; the moves alone: spill ",
+                              (out_b / moves_out) / (half / out_ref),
+                              ", return ", (in_b / moves_in) / (half / in_ref));
+    }
+    LOG(INFO) << "bandwidth (host pages made "
+              << (ahead ? "ahead" : "on the way") << ") round " << round
+              << ", " << spill << " s to allocate, " << moves_out
+              << " s of it moving"
+              << ", " << f.sub->page_size() / (1 << 20) << " MiB pages"
+              << ": spill " << out_b / spill / 1e9
               << " GB/s, return " << in_b / back / 1e9 << " GB/s" << frac;
   }
   f.bfc->DeallocateRaw(a);
   f.bfc->DeallocateRaw(b);
+}
+
+INSTANTIATE_TEST_SUITE_P(HostPagesMadeAhead, LmsBandwidth, ::testing::Bool());
+
+// The page grows with the device budget (at least 256 pages, 2 to 64 MiB);
+// TF_LMS_PAGE_IN_MB overrides it, and a bad value is refused with the default
+// kept.  Likewise TF_LMS_HOST_RESERVE_IN_MB.
+TEST(LmsBfc, PageAndReserveSettings) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  unsetenv("TF_LMS_PAGE_IN_MB");
+  EXPECT_EQ(LmsPageBytes(64 * kMiB), 2 * kMiB);
+  EXPECT_EQ(LmsPageBytes(2048 * kMiB), 8 * kMiB);
+  EXPECT_EQ(LmsPageBytes(4096 * kMiB), 16 * kMiB);
+  EXPECT_EQ(LmsPageBytes(80 * 1024 * kMiB), 64 * kMiB);
+  setenv("TF_LMS_PAGE_IN_MB", "4", 1);
+  EXPECT_EQ(LmsPageBytes(80 * 1024 * kMiB), 4 * kMiB);
+  for (const char* bad : {"3", "1", "2048", "16MB", "-8"}) {
+    setenv("TF_LMS_PAGE_IN_MB", bad, 1);
+    EXPECT_EQ(LmsPageBytes(80 * 1024 * kMiB), 64 * kMiB) << bad;
+  }
+  unsetenv("TF_LMS_PAGE_IN_MB");
+  unsetenv("TF_LMS_HOST_RESERVE_IN_MB");
+  EXPECT_EQ(LmsHostReserveFromEnv(), LmsVirtualMemSubAllocator::kHostReserveAuto);
+  setenv("TF_LMS_HOST_RESERVE_IN_MB", "0", 1);
+  EXPECT_EQ(LmsHostReserveFromEnv(), 0u);
+  setenv("TF_LMS_HOST_RESERVE_IN_MB", "512", 1);
+  EXPECT_EQ(LmsHostReserveFromEnv(), 512 * kMiB);
+  setenv("TF_LMS_HOST_RESERVE_IN_MB", "lots", 1);
+  EXPECT_EQ(LmsHostReserveFromEnv(), LmsVirtualMemSubAllocator::kHostReserveAuto);
+  unsetenv("TF_LMS_HOST_RESERVE_IN_MB");
 }
 
 // An allocator whose sub-allocator is not page-mapped keeps LMS off.

@@ -26,9 +26,11 @@ std::string BackendKind();
 // Device budget used by the LMS tests (CPU: 64 MiB; CUDA: LMS_TEST_DEVICE_MB,
 // default 4096 MiB).
 size_t DeviceBudget();
-// A LMS page-mapped sub-allocator.
+// A LMS page-mapped sub-allocator, with TensorFlow's page for the device
+// budget (tsl::LmsPageBytes; CUDA: LMS_TEST_PAGE_MB overrides it).
 std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocator(
-    size_t va_bytes, size_t device_bytes, size_t host_bytes);
+    size_t va_bytes, size_t device_bytes, size_t host_bytes,
+    size_t host_reserve = tsl::LmsVirtualMemSubAllocator::kHostReserveAuto);
 // The sub-allocators of the upstream GPUBFCAllocator tests:
 // "GPUMemAllocator" (a plain allocator that never coalesces) and the
 // virtual-memory allocator (contiguous, coalescing; LMS off).

@@ -143,19 +143,25 @@ std::string BackendKind() { return "cpu"; }
 
 size_t DeviceBudget() { return size_t{64} << 20; }
 
+
 std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocator(
-    size_t va_bytes, size_t device_bytes, size_t host_bytes) {
+    size_t va_bytes, size_t device_bytes, size_t host_bytes,
+    size_t host_reserve) {
   return tsl::LmsVirtualMemSubAllocator::Create(
-      std::make_unique<GatedPosixBackend>(size_t{2} << 20), va_bytes,
-      device_bytes, host_bytes);
+      std::make_unique<GatedPosixBackend>(tsl::LmsPageBytes(device_bytes)),
+      va_bytes,
+      device_bytes, host_bytes, {}, {}, 0, host_reserve);
 }
 
 std::unique_ptr<tsl::SubAllocator> PlainSubAllocator(size_t) {
   return std::make_unique<MmapSubAllocator>();
 }
 
+// Stands in for upstream's GpuVirtualMemAllocator: its 2 MiB granularity.
 std::unique_ptr<tsl::SubAllocator> VmmSubAllocator(size_t va_bytes) {
-  return MakeLmsSubAllocator(va_bytes, va_bytes, 0);
+  return tsl::LmsVirtualMemSubAllocator::Create(
+      std::make_unique<GatedPosixBackend>(size_t{2} << 20), va_bytes, va_bytes,
+      0, {}, {}, 0, /*host_reserve_bytes=*/0);
 }
 
 double PinnedCopySeconds(size_t, bool) { return -1; }

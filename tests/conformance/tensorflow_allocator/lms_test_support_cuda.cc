@@ -63,13 +63,26 @@ size_t DeviceBudget() {
   return mb << 20;
 }
 
-std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocator(
-    size_t va_bytes, size_t device_bytes, size_t host_bytes) {
-  auto backend = tensorflow::CreateGpuLmsPageBackend(PrimaryContext(), 0);
+namespace {
+std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeWithPage(
+    size_t va_bytes, size_t device_bytes, size_t host_bytes,
+    size_t host_reserve, size_t page_bytes) {
+  auto backend =
+      tensorflow::CreateGpuLmsPageBackend(PrimaryContext(), 0, page_bytes);
   CHECK(backend.ok()) << backend.status();
-  return tsl::LmsVirtualMemSubAllocator::Create(std::move(backend).value(),
-                                                va_bytes, device_bytes,
-                                                host_bytes);
+  return tsl::LmsVirtualMemSubAllocator::Create(
+      std::move(backend).value(), va_bytes, device_bytes, host_bytes, {}, {},
+      0, host_reserve);
+}
+}  // namespace
+
+std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocator(
+    size_t va_bytes, size_t device_bytes, size_t host_bytes,
+    size_t host_reserve) {
+  const char* v = std::getenv("LMS_TEST_PAGE_MB");
+  const size_t page = v ? std::strtoull(v, nullptr, 10) << 20
+                        : tsl::LmsPageBytes(device_bytes);
+  return MakeWithPage(va_bytes, device_bytes, host_bytes, host_reserve, page);
 }
 
 std::unique_ptr<tsl::SubAllocator> PlainSubAllocator(size_t) {
@@ -77,8 +90,9 @@ std::unique_ptr<tsl::SubAllocator> PlainSubAllocator(size_t) {
   return std::make_unique<CuMemAllocSubAllocator>();
 }
 
+// Stands in for upstream's GpuVirtualMemAllocator: its 2 MiB granularity.
 std::unique_ptr<tsl::SubAllocator> VmmSubAllocator(size_t va_bytes) {
-  return MakeLmsSubAllocator(va_bytes, va_bytes, 0);
+  return MakeWithPage(va_bytes, va_bytes, 0, 0, size_t{2} << 20);
 }
 
 double PinnedCopySeconds(size_t bytes, bool to_host) {

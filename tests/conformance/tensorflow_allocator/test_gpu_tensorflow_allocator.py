@@ -43,7 +43,10 @@ MUST_PASS = [
     "LmsBfc.HostLimitErrorNamesTheVariable",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
-    "LmsBfc.SpillAndReturnBandwidth",
+    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",
+    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/1",
+    "LmsBfc.PageAndReserveSettings",
+    "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]
 # gtest skips the writers test when the launch gate is inactive; only a missing CUPTI library
@@ -83,6 +86,7 @@ SANITIZED = ":".join([
     "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
+    "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
     "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/0",
 ])

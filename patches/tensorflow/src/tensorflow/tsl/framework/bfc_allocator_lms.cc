@@ -246,6 +246,7 @@ bool BFCAllocator::LmsExtendExact(size_t bytes) {
 
 void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
                                     size_t num_bytes, uint64 freed_before) {
+  LmsVirtualMemSubAllocator::FillerPause filler_pause(lms_);
   const size_t ps = lms_->page_size();
   const size_t region_bytes = RoundUpTo(rounded_bytes, ps);
   const size_t need = region_bytes / ps;
@@ -467,6 +468,10 @@ LmsStats BFCAllocator::GetLmsStats() {
     s.host_bytes_in_use = lms_->host_pages_mapped() * ps;
     s.peak_host_bytes_in_use = lms_->peak_host_pages_mapped() * ps;
     s.host_bytes_reserved = lms_->host_pages_created() * ps;
+    s.host_reserve_bytes = lms_->host_reserve_pages() * ps;
+    s.host_bytes_made_ahead = lms_->host_pages_made_ahead() * ps;
+    s.swap_out_ns = lms_->spill_ns();
+    s.swap_in_ns = lms_->fetch_ns();
     s.num_device_syncs = static_cast<int64_t>(lms_->quiet_scopes());
     lms_->AddLaunchGateStats(&s);
   }

@@ -15,15 +15,13 @@ limitations under the License.
 
 #include "tensorflow/tsl/framework/lms_sub_allocator.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "tensorflow/tsl/platform/errors.h"
@@ -42,6 +40,9 @@ std::string LmsStats::DebugString() const {
       "\nHost bytes in use: ", host_bytes_in_use,
       "\nPeak host bytes in use: ", peak_host_bytes_in_use,
       "\nHost bytes reserved: ", host_bytes_reserved,
+      "\nHost reserve bytes: ", host_reserve_bytes,
+      "\nHost bytes made ahead: ", host_bytes_made_ahead,
+      "\nSwap out ns: ", swap_out_ns, "\nSwap in ns: ", swap_in_ns,
       "\nBytes swapped out: ", bytes_swapped_out,
       "\nBytes swapped in: ", bytes_swapped_in,
       "\nPages swapped out: ", num_swap_outs,
@@ -73,6 +74,41 @@ size_t LmsHostMemLimitFromEnv(size_t default_bytes) {
   return static_cast<size_t>(mb) << 20;
 }
 
+size_t LmsPageBytes(size_t device_bytes) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  const char* v = std::getenv("TF_LMS_PAGE_IN_MB");
+  if (v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    long long mb = std::strtoll(v, &end, 10);
+    if (end != v && *end == '\0' && mb >= 2 && mb <= 1024 &&
+        (mb & (mb - 1)) == 0) {
+      return static_cast<size_t>(mb) * kMiB;
+    }
+    LOG(ERROR) << "TF_LMS_PAGE_IN_MB=\"" << v
+               << "\" is not a power of two from 2 to 1024; using the "
+                  "default for the device budget.";
+  }
+  size_t page = 2 * kMiB;
+  while (page < 64 * kMiB && 2 * page * 256 <= device_bytes) page *= 2;
+  return page;
+}
+
+size_t LmsHostReserveFromEnv() {
+  const char* v = std::getenv("TF_LMS_HOST_RESERVE_IN_MB");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
+    return LmsVirtualMemSubAllocator::kHostReserveAuto;
+  }
+  char* end = nullptr;
+  long long mb = std::strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || mb < 0) {
+    LOG(ERROR) << "TF_LMS_HOST_RESERVE_IN_MB=\"" << v
+               << "\" is not a number of MiB or \"auto\"; using auto (1/8 of "
+                  "the device budget, at most half the host budget).";
+    return LmsVirtualMemSubAllocator::kHostReserveAuto;
+  }
+  return static_cast<size_t>(mb) << 20;
+}
+
 bool LmsLaunchGateWantedFromEnv() {
   const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
   if (v == nullptr || *v == '\0') return true;
@@ -80,107 +116,6 @@ bool LmsLaunchGateWantedFromEnv() {
     if (std::strcmp(v, off) == 0) return false;
   }
   return true;
-}
-
-// ---------------------------------------------------------------------------
-// Host-only backend.
-namespace {
-
-class PosixLmsPageBackend : public LmsPageBackend {
- public:
-  explicit PosixLmsPageBackend(size_t page_size) : page_size_(page_size) {
-    fd_[0] = memfd_create("tf_lms_device_pages", MFD_CLOEXEC);
-    fd_[1] = memfd_create("tf_lms_host_pages", MFD_CLOEXEC);
-    CHECK(fd_[0] >= 0 && fd_[1] >= 0) << "memfd_create: " << strerror(errno);
-  }
-  ~PosixLmsPageBackend() override {
-    close(fd_[0]);
-    close(fd_[1]);
-  }
-  std::string Name() const override { return "posix-memfd"; }
-  size_t page_size() const override { return page_size_; }
-  AllocatorMemoryType GetMemoryType() const override {
-    return AllocatorMemoryType::kHostPageable;
-  }
-
-  void* ReserveAddressRange(size_t bytes) override {
-    void* p = mmap(nullptr, bytes, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
-  }
-  void ReleaseAddressRange(void* base, size_t bytes) override {
-    munmap(base, bytes);
-  }
-  Status CreatePage(bool host, PageHandle* handle) override {
-    const int k = host ? 1 : 0;
-    if (!free_[k].empty()) {
-      *handle = free_[k].back();
-      free_[k].pop_back();
-      return OkStatus();
-    }
-    const uint64_t off = size_[k];
-    if (ftruncate(fd_[k], off + page_size_) != 0) {
-      return errors::ResourceExhausted("ftruncate: ", strerror(errno));
-    }
-    size_[k] = off + page_size_;
-    *handle = off;
-    return OkStatus();
-  }
-  void DestroyPage(bool host, PageHandle handle) override {
-    const int k = host ? 1 : 0;
-    // Give the memory back; the offset is recycled by a later CreatePage.
-    fallocate(fd_[k], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, handle,
-              page_size_);
-    free_[k].push_back(handle);
-  }
-  Status Map(void* va, bool host, PageHandle handle) override {
-    void* p = mmap(va, page_size_, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_FIXED, fd_[host ? 1 : 0],
-                   static_cast<off_t>(handle));
-    if (p == MAP_FAILED) {
-      return errors::Internal("mmap(MAP_FIXED): ", strerror(errno));
-    }
-    return OkStatus();
-  }
-  Status Unmap(void* va) override {
-    void* p = mmap(va, page_size_, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
-                   0);
-    if (p == MAP_FAILED) {
-      return errors::Internal("mmap(PROT_NONE): ", strerror(errno));
-    }
-    return OkStatus();
-  }
-  Status Remap(void* va, size_t n, bool to_host,
-               const std::vector<PageHandle>& to) override {
-    const int k = to_host ? 1 : 0;
-    for (size_t i = 0; i < n; ++i) {
-      char* page = static_cast<char*>(va) + i * page_size_;
-      // Copy the bytes now visible at 'page' into the new page ...
-      size_t done = 0;
-      while (done < page_size_) {
-        ssize_t w = pwrite(fd_[k], page + done, page_size_ - done,
-                           static_cast<off_t>(to[i] + done));
-        if (w <= 0) return errors::Internal("pwrite: ", strerror(errno));
-        done += w;
-      }
-      // ... and map it at the same address.
-      TF_RETURN_IF_ERROR(Map(page, to_host, to[i]));
-    }
-    return OkStatus();
-  }
-
- private:
-  const size_t page_size_;
-  int fd_[2];
-  uint64_t size_[2] = {0, 0};
-  std::vector<PageHandle> free_[2];
-};
-
-}  // namespace
-
-std::unique_ptr<LmsPageBackend> CreatePosixLmsPageBackend(size_t page_size) {
-  return std::make_unique<PosixLmsPageBackend>(page_size);
 }
 
 // ---------------------------------------------------------------------------
@@ -192,7 +127,7 @@ LmsVirtualMemSubAllocator::Create(std::unique_ptr<LmsPageBackend> backend,
                                   size_t host_bytes_limit,
                                   const std::vector<Visitor>& alloc_visitors,
                                   const std::vector<Visitor>& free_visitors,
-                                  int index) {
+                                  int index, size_t host_reserve_bytes) {
   const size_t ps = backend->page_size();
   va_bytes = (va_bytes + ps - 1) / ps * ps;
   char* base = static_cast<char*>(backend->ReserveAddressRange(va_bytes));
@@ -204,14 +139,69 @@ LmsVirtualMemSubAllocator::Create(std::unique_ptr<LmsPageBackend> backend,
   return std::unique_ptr<LmsVirtualMemSubAllocator>(
       new LmsVirtualMemSubAllocator(std::move(backend), base, va_bytes,
                                     device_bytes_limit, host_bytes_limit,
-                                    alloc_visitors, free_visitors, index));
+                                    alloc_visitors, free_visitors, index,
+                                    host_reserve_bytes));
 }
+
+namespace {
+// Adds the time from its construction to its destruction to '*to'.
+class AddElapsedNs {
+ public:
+  explicit AddElapsedNs(int64_t* to)
+      : to_(to), t0_(std::chrono::steady_clock::now()) {}
+  ~AddElapsedNs() {
+    *to_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - t0_)
+                .count();
+  }
+
+ private:
+  int64_t* const to_;
+  const std::chrono::steady_clock::time_point t0_;
+};
+
+// Host pages a sub-allocator keeps made ahead (see kHostReserveAuto).
+size_t HostReservePages(size_t reserve_bytes, size_t device_bytes,
+                        size_t host_bytes, size_t page_size) {
+  if (reserve_bytes == LmsVirtualMemSubAllocator::kHostReserveAuto) {
+    reserve_bytes = std::min(device_bytes / 8, host_bytes / 2);
+  }
+  return std::min(reserve_bytes, host_bytes) / page_size;
+}
+
+// Sub-allocators whose filler may run (never destroyed: sub-allocators may
+// outlive static destruction).
+struct FillerRegistry {
+  std::mutex mu;
+  std::vector<LmsVirtualMemSubAllocator*> live;
+};
+FillerRegistry& Fillers() {
+  static auto* r = new FillerRegistry();
+  return *r;
+}
+}  // namespace
+
+// Stops every filler at exit, before the CUDA driver's own exit handlers
+// (registered earlier, so run later) tear down what page creation uses.
+// TensorFlow never destroys its GPU allocators, so their destructors do not
+// run at exit.  Constructed when the first filler starts.
+struct LmsVirtualMemSubAllocator::StopFillersAtExit {
+  ~StopFillersAtExit() {
+    std::vector<LmsVirtualMemSubAllocator*> all;
+    {
+      std::lock_guard<std::mutex> l(Fillers().mu);
+      all.swap(Fillers().live);
+    }
+    for (auto* a : all) a->StopFiller();
+  }
+};
 
 LmsVirtualMemSubAllocator::LmsVirtualMemSubAllocator(
     std::unique_ptr<LmsPageBackend> backend, char* base, size_t va_bytes,
     size_t device_bytes_limit, size_t host_bytes_limit,
     const std::vector<Visitor>& alloc_visitors,
-    const std::vector<Visitor>& free_visitors, int index)
+    const std::vector<Visitor>& free_visitors, int index,
+    size_t host_reserve_bytes)
     : SubAllocator(alloc_visitors, free_visitors),
       backend_(std::move(backend)),
       backend_name_(backend_->Name()),
@@ -221,9 +211,13 @@ LmsVirtualMemSubAllocator::LmsVirtualMemSubAllocator(
       device_limit_pages_(device_bytes_limit / backend_->page_size()),
       host_limit_pages_(host_bytes_limit / backend_->page_size()),
       index_(index),
-      pages_(va_bytes / backend_->page_size()) {}
+      pages_(va_bytes / backend_->page_size()),
+      host_reserve_pages_(HostReservePages(host_reserve_bytes,
+                                           device_bytes_limit, host_bytes_limit,
+                                           backend_->page_size())) {}
 
 LmsVirtualMemSubAllocator::~LmsVirtualMemSubAllocator() {
+  StopFiller();
   for (size_t i = 0; i < pages_.size(); ++i) {
     Page& pg = pages_[i];
     if (pg.state == PageState::kUnbacked) continue;
@@ -233,6 +227,96 @@ LmsVirtualMemSubAllocator::~LmsVirtualMemSubAllocator() {
   for (auto h : device_pool_) backend_->DestroyPage(false, h);
   for (auto h : host_pool_) backend_->DestroyPage(true, h);
   backend_->ReleaseAddressRange(base_, va_bytes_);
+}
+
+void LmsVirtualMemSubAllocator::BeginQuiet() {
+  if (quiet_depth_++ == 0) {
+    ++quiet_scopes_;
+    PauseFiller(+1);  // its driver calls would slow the moves down
+  }
+  backend_->Quiesce();
+}
+
+void LmsVirtualMemSubAllocator::EndQuiet() {
+  backend_->Resume();
+  if (--quiet_depth_ == 0) PauseFiller(-1);
+}
+
+void LmsVirtualMemSubAllocator::PauseFiller(int delta) {
+  {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    filler_paused_ += delta;
+  }
+  if (delta < 0) filler_cv_.notify_all();
+}
+
+void LmsVirtualMemSubAllocator::StartFiller() {
+  filler_started_ = true;
+  if (host_reserve_pages_ == 0) return;
+  static StopFillersAtExit stop_at_exit;
+  {
+    std::lock_guard<std::mutex> l(Fillers().mu);
+    Fillers().live.push_back(this);
+  }
+  std::lock_guard<std::mutex> l(pool_mu_);
+  if (filler_stop_) return;
+  filler_pid_ = getpid();
+  filler_ = std::make_unique<std::thread>([this] { FillerLoop(); });
+}
+
+void LmsVirtualMemSubAllocator::FillerLoop() {
+  std::unique_lock<std::mutex> l(pool_mu_);
+  while (!filler_stop_) {
+    if (filler_paused_ > 0 || host_pool_.size() >= host_reserve_pages_ ||
+        host_created_ + host_making_ >= host_limit_pages_) {
+      filler_cv_.wait(l);
+      continue;
+    }
+    ++host_making_;  // charged to the budget while it is made
+    l.unlock();
+    LmsPageBackend::PageHandle h;
+    Status s = backend_->CreatePage(/*host=*/true, &h);
+    l.lock();
+    --host_making_;
+    if (!s.ok()) {
+      LOG(WARNING) << "LMS: stopped making host pages ahead of need: " << s;
+      return;
+    }
+    ++host_created_;
+    ++host_made_ahead_;
+    host_pool_.push_back(h);
+  }
+}
+
+void LmsVirtualMemSubAllocator::StopFiller() {
+  {
+    std::lock_guard<std::mutex> l(Fillers().mu);
+    auto& v = Fillers().live;
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+  }
+  std::unique_ptr<std::thread> t;
+  {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    filler_stop_ = true;
+    t = std::move(filler_);
+  }
+  filler_cv_.notify_all();
+  if (t == nullptr) return;
+  if (filler_pid_ == getpid()) {
+    t->join();
+  } else {
+    t.release();  // not this process's thread: leave the object alone
+  }
+}
+
+size_t LmsVirtualMemSubAllocator::host_pages_created() const {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  return host_created_;
+}
+
+size_t LmsVirtualMemSubAllocator::host_pages_made_ahead() const {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  return host_made_ahead_;
 }
 
 bool LmsVirtualMemSubAllocator::Owns(const void* p) const {
@@ -257,7 +341,9 @@ size_t LmsVirtualMemSubAllocator::DevicePagesAvailable() const {
 }
 
 size_t LmsVirtualMemSubAllocator::HostPagesAvailable() const {
-  return host_pool_.size() + (host_limit_pages_ - host_created_);
+  std::lock_guard<std::mutex> l(pool_mu_);
+  return host_pool_.size() +
+         (host_limit_pages_ - host_created_ - host_making_);
 }
 
 LmsVirtualMemSubAllocator::PageState LmsVirtualMemSubAllocator::StateOf(
@@ -275,26 +361,48 @@ size_t LmsVirtualMemSubAllocator::CountPages(const void* p, size_t bytes,
 
 Status LmsVirtualMemSubAllocator::TakePage(bool host,
                                            LmsPageBackend::PageHandle* h) {
-  auto& pool = host ? host_pool_ : device_pool_;
-  if (!pool.empty()) {
-    *h = pool.back();
-    pool.pop_back();
+  if (!host) {
+    if (!device_pool_.empty()) {
+      *h = device_pool_.back();
+      device_pool_.pop_back();
+      return OkStatus();
+    }
+    if (device_created_ >= device_limit_pages_) {
+      return errors::ResourceExhausted("device page budget exhausted");
+    }
+    TF_RETURN_IF_ERROR(backend_->CreatePage(false, h));
+    ++device_created_;
     return OkStatus();
   }
-  size_t& created = host ? host_created_ : device_created_;
-  const size_t limit = host ? host_limit_pages_ : device_limit_pages_;
-  if (created >= limit) {
-    return errors::ResourceExhausted(host ? "host" : "device",
-                                     " page budget exhausted");
+  {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    if (!host_pool_.empty()) {
+      *h = host_pool_.back();
+      host_pool_.pop_back();
+      filler_cv_.notify_all();  // below the reserve: the filler tops it up
+      return OkStatus();
+    }
+    if (host_created_ + host_making_ >= host_limit_pages_) {
+      return errors::ResourceExhausted("host page budget exhausted");
+    }
+    ++host_created_;  // charged before it exists, as the filler does
   }
-  TF_RETURN_IF_ERROR(backend_->CreatePage(host, h));
-  ++created;
-  return OkStatus();
+  Status s = backend_->CreatePage(true, h);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    --host_created_;
+  }
+  return s;
 }
 
 void LmsVirtualMemSubAllocator::RecyclePage(bool host,
                                             LmsPageBackend::PageHandle h) {
-  (host ? host_pool_ : device_pool_).push_back(h);
+  if (!host) {
+    device_pool_.push_back(h);
+    return;
+  }
+  std::lock_guard<std::mutex> l(pool_mu_);
+  host_pool_.push_back(h);
 }
 
 Status LmsVirtualMemSubAllocator::MapFresh(size_t index, bool host) {
@@ -312,6 +420,9 @@ Status LmsVirtualMemSubAllocator::MapFresh(size_t index, bool host) {
     peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
   } else {
     ++device_mapped_;
+    if (!filler_started_ && 4 * device_mapped_ >= 3 * device_limit_pages_) {
+      StartFiller();
+    }
   }
   return OkStatus();
 }
@@ -354,6 +465,7 @@ void LmsVirtualMemSubAllocator::Free(void* ptr, size_t num_bytes) {
 
 Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
                                              size_t* pages_spilled) {
+  const AddElapsedNs timer(&spill_ns_);
   *pages_spilled = 0;
   size_t first, last;
   PageSpan(p, bytes, &first, &last);
@@ -399,6 +511,7 @@ Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
 
 Status LmsVirtualMemSubAllocator::FetchRange(const void* p, size_t bytes,
                                              size_t* pages_fetched) {
+  const AddElapsedNs timer(&fetch_ns_);
   *pages_fetched = 0;
   size_t first, last;
   PageSpan(p, bytes, &first, &last);

@@ -35,14 +35,20 @@ limitations under the License.
 // The physical pages come from an LmsPageBackend: the CUDA VMM backend lives in
 // tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h; a host-only
 // backend (memfd "device" and "host" page pools remapped with mmap MAP_FIXED,
-// the same semantics on a machine without a GPU) is provided here for tests.
+// the same semantics on a machine without a GPU) is in
+// lms_posix_page_backend.cc, for tests.
 
 #ifndef TENSORFLOW_TSL_FRAMEWORK_LMS_SUB_ALLOCATOR_H_
 #define TENSORFLOW_TSL_FRAMEWORK_LMS_SUB_ALLOCATOR_H_
 
+#include <sys/types.h>
+
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensorflow/tsl/framework/allocator.h"
@@ -63,6 +69,10 @@ struct LmsStats {
   int64_t host_bytes_in_use = 0;       // Host pages mapped under pointers.
   int64_t peak_host_bytes_in_use = 0;
   int64_t host_bytes_reserved = 0;     // Host pages created (incl. pooled).
+  int64_t host_reserve_bytes = 0;      // Idle host pages kept made ahead.
+  int64_t host_bytes_made_ahead = 0;   // Host pages the filler made, in all.
+  int64_t swap_out_ns = 0;             // Time spent copying and remapping
+  int64_t swap_in_ns = 0;              // pages out / back in.
   int64_t bytes_swapped_out = 0;       // Device -> host page copies.
   int64_t bytes_swapped_in = 0;        // Host -> device page copies.
   int64_t num_swap_outs = 0;           // Pages spilled.
@@ -94,7 +104,10 @@ struct LmsStats {
 };
 
 // Physical pages that can be mapped into a reserved virtual address range.
-// All calls are made with the owning allocator's lock held.
+// All calls are made with the owning allocator's lock held, except
+// CreatePage(true, ...), which the sub-allocator's filler thread also makes
+// (and DestroyPage(true, ...) at destruction): those two must be safe beside
+// the other calls.
 class LmsPageBackend {
  public:
   typedef uint64_t PageHandle;
@@ -118,6 +131,7 @@ class LmsPageBackend {
   // Copies the 'n' pages now mapped at 'va' into the pages 'to' and maps
   // those at 'va' in place of the old ones (which stay alive: the caller
   // recycles them).  The contents at 'va' are the same before and after.
+  // An error before any page at 'va' changed leaves 'va' as it was.
   virtual Status Remap(void* va, size_t n, bool to_host,
                        const std::vector<PageHandle>& to) = 0;
   // Quiesce() is called before pages that may hold live data are copied or
@@ -148,6 +162,14 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
  public:
   enum class PageState : uint8_t { kUnbacked = 0, kDevice = 1, kHost = 2 };
 
+  // Host pages are made ahead of need: once 3/4 of the device budget is
+  // mapped, a filler thread creates host pages (off the allocator's lock,
+  // never while pages move) until 'host_reserve_bytes' of idle ones wait in
+  // the pool, within the host budget.  A first spill then copies at the
+  // speed of a warm one instead of waiting for page creation (~4 GB/s).
+  // kHostReserveAuto: 1/8 of the device budget, at most half the host one.
+  static constexpr size_t kHostReserveAuto = ~size_t{0};
+
   // 'va_bytes' of address space is reserved up front (cheap); at most
   // 'device_bytes_limit' of device pages and 'host_bytes_limit' of host pages
   // are ever created.  'index' is passed to the visitors (the GPU id).
@@ -155,7 +177,8 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
       std::unique_ptr<LmsPageBackend> backend, size_t va_bytes,
       size_t device_bytes_limit, size_t host_bytes_limit,
       const std::vector<Visitor>& alloc_visitors = {},
-      const std::vector<Visitor>& free_visitors = {}, int index = 0);
+      const std::vector<Visitor>& free_visitors = {}, int index = 0,
+      size_t host_reserve_bytes = kHostReserveAuto);
   ~LmsVirtualMemSubAllocator() override;
 
   // SubAllocator.  Alloc maps fresh device pages at the end of the used
@@ -197,18 +220,29 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   class QuietScope {
    public:
     explicit QuietScope(LmsVirtualMemSubAllocator* a) : a_(a) {
-      if (a_->quiet_depth_++ == 0) ++a_->quiet_scopes_;
-      a_->backend_->Quiesce();
+      a_->BeginQuiet();
     }
-    ~QuietScope() {
-      a_->backend_->Resume();
-      --a_->quiet_depth_;
-    }
+    ~QuietScope() { a_->EndQuiet(); }
 
    private:
     LmsVirtualMemSubAllocator* const a_;
     QuietScope(const QuietScope&) = delete;
     void operator=(const QuietScope&) = delete;
+  };
+  // While one lives, the host pool's filler makes no page: its driver calls
+  // would contend with the slow path's (the driver serialises them).
+  // QuietScopes pause it too.
+  class FillerPause {
+   public:
+    explicit FillerPause(LmsVirtualMemSubAllocator* a) : a_(a) {
+      a_->PauseFiller(+1);
+    }
+    ~FillerPause() { a_->PauseFiller(-1); }
+
+   private:
+    LmsVirtualMemSubAllocator* const a_;
+    FillerPause(const FillerPause&) = delete;
+    void operator=(const FillerPause&) = delete;
   };
   void AddLaunchGateStats(LmsStats* stats) const {
     backend_->AddLaunchGateStats(stats);
@@ -220,7 +254,13 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   size_t host_pages_mapped() const { return host_mapped_; }
   size_t peak_host_pages_mapped() const { return peak_host_mapped_; }
   size_t device_pages_created() const { return device_created_; }
-  size_t host_pages_created() const { return host_created_; }
+  // Host pages created, idle ones and those made ahead included.
+  size_t host_pages_created() const;
+  size_t host_reserve_pages() const { return host_reserve_pages_; }
+  int64_t spill_ns() const { return spill_ns_; }
+  int64_t fetch_ns() const { return fetch_ns_; }
+  // Host pages the filler made so far (whether used since or not).
+  size_t host_pages_made_ahead() const;
   // Outermost QuietScopes opened so far.
   size_t quiet_scopes() const { return quiet_scopes_; }
   const std::string& backend_name() const { return backend_name_; }
@@ -234,7 +274,7 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
                             size_t device_bytes_limit, size_t host_bytes_limit,
                             const std::vector<Visitor>& alloc_visitors,
                             const std::vector<Visitor>& free_visitors,
-                            int index);
+                            int index, size_t host_reserve_bytes);
   struct Page {
     PageState state = PageState::kUnbacked;
     LmsPageBackend::PageHandle handle = 0;
@@ -246,6 +286,14 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   Status TakePage(bool host, LmsPageBackend::PageHandle* h);
   void RecyclePage(bool host, LmsPageBackend::PageHandle h);
   Status MapFresh(size_t index, bool host);
+  void BeginQuiet();
+  void EndQuiet();
+  void PauseFiller(int delta);
+  // Starts the filler (once) when host pages are to be made ahead.
+  void StartFiller();
+  void FillerLoop();
+  void StopFiller();
+  struct StopFillersAtExit;
 
   std::unique_ptr<LmsPageBackend> backend_;
   const std::string backend_name_;
@@ -257,10 +305,28 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   const int index_;
   size_t next_page_ = 0;  // First page never handed out by Alloc.
   std::vector<Page> pages_;
-  std::vector<LmsPageBackend::PageHandle> device_pool_, host_pool_;
-  size_t device_created_ = 0, host_created_ = 0;
+  std::vector<LmsPageBackend::PageHandle> device_pool_;
+  size_t device_created_ = 0;
   size_t device_mapped_ = 0, host_mapped_ = 0, peak_host_mapped_ = 0;
   size_t quiet_depth_ = 0, quiet_scopes_ = 0;
+  int64_t spill_ns_ = 0, fetch_ns_ = 0;
+
+  // The host pool and its filler.  pool_mu_ guards the fields below it; it
+  // is never held across a backend call made by the filler.  Invariant:
+  // host_created_ + host_making_ <= host_limit_pages_ (pages being made by
+  // the filler are charged to the budget before they exist).
+  const size_t host_reserve_pages_;
+  bool filler_started_ = false;  // under the allocator's lock
+  mutable std::mutex pool_mu_;
+  std::condition_variable filler_cv_;
+  std::vector<LmsPageBackend::PageHandle> host_pool_;
+  size_t host_created_ = 0;
+  size_t host_making_ = 0;
+  size_t host_made_ahead_ = 0;
+  int filler_paused_ = 0;      // open FillerPauses and QuietScopes
+  bool filler_stop_ = false;
+  std::unique_ptr<std::thread> filler_;
+  pid_t filler_pid_ = 0;       // a forked child has the object, not the thread
 
   LmsVirtualMemSubAllocator(const LmsVirtualMemSubAllocator&) = delete;
   void operator=(const LmsVirtualMemSubAllocator&) = delete;
@@ -269,6 +335,19 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
 // Reads TF_GPU_HOST_MEM_LIMIT_IN_MB (the variable upstream uses for the
 // gpu_host_bfc allocator); 'default_bytes' when unset or unparsable.
 size_t LmsHostMemLimitFromEnv(size_t default_bytes);
+
+// The LMS page for a device budget of 'device_bytes': TF_LMS_PAGE_IN_MB when
+// set (a power of two from 2 to 1024), else the largest power of two of at
+// most 1/256 of the budget, within [2 MiB, 64 MiB].  A move's cost is
+// dominated by the driver's per-mapping work, so larger pages move faster
+// (H100: warm spill 0.25 of a pinned copy with 2 MiB pages, 0.5 with 8 MiB,
+// 0.7 with 32 MiB, 0.87 with 64 MiB); smaller ones spill less of a victim's
+// neighbours.  The backend rounds it up to the driver's granularity.
+size_t LmsPageBytes(size_t device_bytes);
+
+// Reads TF_LMS_HOST_RESERVE_IN_MB: MiB of host pages to make ahead of need
+// (0 disables); kHostReserveAuto when unset, "auto" or unparsable.
+size_t LmsHostReserveFromEnv();
 
 // Whether the page backend's launch gate is wanted: false when
 // TF_LMS_LAUNCH_GATE is 0, false, False, FALSE, off or no; true otherwise.

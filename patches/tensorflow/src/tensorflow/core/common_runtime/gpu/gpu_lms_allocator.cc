@@ -43,8 +43,9 @@ std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
           .value();
   auto* gpu_context = reinterpret_cast<se::gpu::GpuContext*>(
       executor->implementation()->GpuContextHack());
-  auto backend =
-      CreateGpuLmsPageBackend(gpu_context->context(), platform_device_id.value());
+  auto backend = CreateGpuLmsPageBackend(gpu_context->context(),
+                                         platform_device_id.value(),
+                                         tsl::LmsPageBytes(device_bytes));
   if (!backend.ok()) {
     LOG(ERROR) << "Large Model Support is not available on GPU "
                << platform_device_id.value() << ": " << backend.status();
@@ -64,7 +65,8 @@ std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
   const size_t va_bytes = 4 * device_bytes + 2 * host_bytes;
   auto sub = tsl::LmsVirtualMemSubAllocator::Create(
       std::move(backend).value(), va_bytes, device_bytes, host_bytes,
-      alloc_visitors, {}, platform_device_id.value());
+      alloc_visitors, {}, platform_device_id.value(),
+      tsl::LmsHostReserveFromEnv());
   if (sub == nullptr) return nullptr;
   *bfc_total_bytes = va_bytes;
   return sub;

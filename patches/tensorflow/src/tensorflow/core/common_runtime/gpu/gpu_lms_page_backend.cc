@@ -29,6 +29,7 @@ limitations under the License.
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tensorflow/tsl/platform/errors.h"
@@ -155,22 +156,35 @@ class ScopedContext {
   }
 };
 
+// How pages move.  Every host page keeps a mapping of its own, made with the
+// page; a device page gets one the first time data is copied into it.  A
+// move queues the copies of all its pages straight into the new pages
+// through those mappings, then maps each new page at the data's address as
+// soon as the copies of its chunk finished, while the copy engine moves the
+// next chunks.  What the pieces cost on the H100
+// (examples/pytorch/benchmarks/results/h100-run119, vmm_costs.cu): a
+// cuMemSetAccess of a host mapping takes 14-27 us per MiB, serialised in the
+// driver, and bounds a spill near 0.64 of a pinned copy; a staging window
+// paid it twice per page.  Creating host pages runs at 4-5 GB/s, so the
+// sub-allocator's filler makes them ahead of need (kHostReserveAuto).
 class GpuLmsPageBackend : public LmsPageBackend {
  public:
   GpuLmsPageBackend(CUcontext ctx, int ordinal, CUdevice dev, int numa_id,
-                    size_t page, CUstream stream, CUdeviceptr scratch,
-                    size_t scratch_pages)
+                    size_t page, CUstream stream)
       : ctx_(ctx),
         ordinal_(ordinal),
         dev_(dev),
         numa_id_(numa_id),
         page_(page),
-        stream_(stream),
-        scratch_(scratch),
-        scratch_pages_(scratch_pages) {}
+        chunk_pages_(std::max<size_t>(1, kChunkBytes / page)),
+        stream_(stream) {}
   ~GpuLmsPageBackend() override {
     ScopedContext sc(ctx_);
-    cuMemAddressFree(scratch_, scratch_pages_ * page_);
+    // The sub-allocator destroyed every page (and its own mapping) before.
+    for (CUdeviceptr slab : slabs_) {
+      cuMemAddressFree(slab, kSlabPages * page_);
+    }
+    for (CUevent e : events_) cuEventDestroy(e);
     cuStreamDestroy(stream_);
   }
 
@@ -193,17 +207,41 @@ class GpuLmsPageBackend : public LmsPageBackend {
     cuMemAddressFree(reinterpret_cast<CUdeviceptr>(base), bytes);
   }
 
+  // Host pages come with their own mapping (this runs on the filler thread
+  // too).
   Status CreatePage(bool host, PageHandle* handle) override {
     ScopedContext sc(ctx_);
     CUmemAllocationProp prop = Prop(host);
     CUmemGenericAllocationHandle h;
     TF_RETURN_IF_ERROR(CuStatus(cuMemCreate(&h, page_, &prop, 0),
                                 host ? "cuMemCreate(host)" : "cuMemCreate"));
+    if (host) {
+      CUdeviceptr own;
+      Status s = OwnMapping(h, &own);
+      if (!s.ok()) {
+        cuMemRelease(h);
+        return s;
+      }
+    }
     *handle = static_cast<PageHandle>(h);
     return tsl::OkStatus();
   }
   void DestroyPage(bool host, PageHandle handle) override {
     ScopedContext sc(ctx_);
+    CUdeviceptr own = 0;
+    {
+      std::lock_guard<std::mutex> l(own_mu_);
+      auto it = own_.find(handle);
+      if (it != own_.end()) {
+        own = it->second;
+        own_.erase(it);
+      }
+    }
+    if (own != 0) {
+      cuMemUnmap(own, page_);
+      std::lock_guard<std::mutex> l(own_mu_);
+      free_slots_.push_back(own);
+    }
     cuMemRelease(static_cast<CUmemGenericAllocationHandle>(handle));
   }
   Status Map(void* va, bool host, PageHandle handle) override {
@@ -219,27 +257,44 @@ class GpuLmsPageBackend : public LmsPageBackend {
                const std::vector<PageHandle>& to) override {
     ScopedContext sc(ctx_);
     const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(va);
-    for (size_t done = 0; done < n;) {
-      const size_t m = std::min(n - done, scratch_pages_);
-      // Map the new pages in the scratch window and copy the data over.
-      for (size_t k = 0; k < m; ++k) {
-        TF_RETURN_IF_ERROR(MapLocked(scratch_ + k * page_, to[done + k]));
+    std::vector<CUdeviceptr> dst(n);
+    for (size_t k = 0; k < n; ++k) {
+      TF_RETURN_IF_ERROR(OwnMapping(to[k], &dst[k]));
+    }
+    // Queue every copy, with an event after each chunk.  Pages made one
+    // after another have adjacent own mappings: one copy covers them.
+    const size_t chunks = (n + chunk_pages_ - 1) / chunk_pages_;
+    Status s = EnsureEvents(chunks);
+    for (size_t c = 0; s.ok() && c < chunks; ++c) {
+      const size_t hi = std::min(n, (c + 1) * chunk_pages_);
+      for (size_t k = c * chunk_pages_; s.ok() && k < hi;) {
+        size_t e = k + 1;
+        while (e < hi && dst[e] == dst[e - 1] + page_) ++e;
+        s = CuStatus(cuMemcpyDtoDAsync(dst[k], base + k * page_,
+                                       (e - k) * page_, stream_),
+                     "cuMemcpyDtoDAsync");
+        k = e;
       }
-      Status s = CuStatus(cuMemcpyDtoDAsync(scratch_, base + done * page_,
-                                            m * page_, stream_),
-                          "cuMemcpyDtoDAsync");
-      if (s.ok()) s = CuStatus(cuStreamSynchronize(stream_), "sync");
-      for (size_t k = 0; k < m; ++k) {
-        cuMemUnmap(scratch_ + k * page_, page_);
+      if (s.ok()) s = CuStatus(cuEventRecord(events_[c], stream_), "cuEventRecord");
+    }
+    if (!s.ok()) {
+      cuStreamSynchronize(stream_);
+      return s;  // nothing at 'va' changed
+    }
+    // Put the new pages under the data's addresses, chunk by chunk as their
+    // copies finish.
+    for (size_t c = 0; c < chunks; ++c) {
+      s = CuStatus(cuEventSynchronize(events_[c]), "cuEventSynchronize");
+      const size_t hi = std::min(n, (c + 1) * chunk_pages_);
+      for (size_t k = c * chunk_pages_; s.ok() && k < hi; ++k) {
+        const CUdeviceptr p = base + k * page_;
+        s = CuStatus(cuMemUnmap(p, page_), "cuMemUnmap");
+        if (s.ok()) s = MapLocked(p, to[k]);
       }
-      TF_RETURN_IF_ERROR(s);
-      // Put the new pages under the original addresses.
-      for (size_t k = 0; k < m; ++k) {
-        const CUdeviceptr p = base + (done + k) * page_;
-        TF_RETURN_IF_ERROR(CuStatus(cuMemUnmap(p, page_), "cuMemUnmap"));
-        TF_RETURN_IF_ERROR(MapLocked(p, to[done + k]));
+      if (!s.ok()) {
+        cuStreamSynchronize(stream_);
+        return s;
       }
-      done += m;
     }
     return tsl::OkStatus();
   }
@@ -296,15 +351,69 @@ class GpuLmsPageBackend : public LmsPageBackend {
     return s;
   }
 
+  // The page's own mapping, made on first use.  Own mappings live in slabs
+  // of reserved address space handed out in ascending order.
+  Status OwnMapping(PageHandle h, CUdeviceptr* va) {
+    {
+      std::lock_guard<std::mutex> l(own_mu_);
+      auto it = own_.find(h);
+      if (it != own_.end()) {
+        *va = it->second;
+        return tsl::OkStatus();
+      }
+      if (free_slots_.empty()) {
+        CUdeviceptr slab = 0;
+        TF_RETURN_IF_ERROR(CuStatus(
+            cuMemAddressReserve(&slab, kSlabPages * page_, page_, 0, 0),
+            "cuMemAddressReserve(own mappings)"));
+        slabs_.push_back(slab);
+        for (size_t i = kSlabPages; i-- > 0;) {
+          free_slots_.push_back(slab + i * page_);
+        }
+      }
+      *va = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    Status s = MapLocked(*va, h);
+    std::lock_guard<std::mutex> l(own_mu_);
+    if (!s.ok()) {
+      free_slots_.push_back(*va);
+      return s;
+    }
+    own_[h] = *va;
+    return tsl::OkStatus();
+  }
+
+  // At least 'n' events for the chunks of one move (allocator lock held).
+  Status EnsureEvents(size_t n) {
+    while (events_.size() < n) {
+      CUevent e;
+      TF_RETURN_IF_ERROR(CuStatus(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING),
+                                  "cuEventCreate"));
+      events_.push_back(e);
+    }
+    return tsl::OkStatus();
+  }
+
+  static constexpr size_t kChunkBytes = size_t{64} << 20;  // per copy wait
+  static constexpr size_t kSlabPages = 512;   // own mappings per reservation
+
   const CUcontext ctx_;
   const int ordinal_;
   const CUdevice dev_;
   const int numa_id_;
   const size_t page_;
+  const size_t chunk_pages_;
   const CUstream stream_;
-  const CUdeviceptr scratch_;
-  const size_t scratch_pages_;
+  std::vector<CUevent> events_;
+  std::mutex own_mu_;  // own_, free_slots_, slabs_ (the filler makes pages)
+  std::unordered_map<PageHandle, CUdeviceptr> own_;
+  std::vector<CUdeviceptr> free_slots_;
+  std::vector<CUdeviceptr> slabs_;
 };
+
+// The page when none is asked for (tsl::LmsPageBytes picks one by budget).
+constexpr size_t kDefaultPageBytes = size_t{2} << 20;
 
 #if CUDA_VERSION >= 12020
 // Whether the device maps host-NUMA pages with the VMM calls.  cuda.h names the attribute
@@ -345,7 +454,7 @@ bool HostNumaVmmSupported(CUdevice dev, int numa_id) {
 }  // namespace
 
 tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
-    CUcontext context, int device_ordinal) {
+    CUcontext context, int device_ordinal, size_t page_bytes) {
 #if CUDA_VERSION < 12020
   return tsl::errors::Unimplemented(
       "Large Model Support needs CUDA >= 12.2 (host-located VMM pages).");
@@ -366,7 +475,7 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
         device_ordinal, " (VMM supported: ", vmm, ", host NUMA VMM: ", host_vmm,
         ")");
   }
-  size_t page = 2 << 20;
+  size_t page = page_bytes > 0 ? page_bytes : kDefaultPageBytes;
   for (bool host : {false, true}) {
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -378,24 +487,14 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
         cuMemGetAllocationGranularity(&g, &prop,
                                       CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         "cuMemGetAllocationGranularity"));
-    page = std::max(page, g);
+    page = (page + g - 1) / g * g;
   }
   CUstream stream;
   TF_RETURN_IF_ERROR(
       CuStatus(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
-  const size_t scratch_pages = 64;
-  CUdeviceptr scratch = 0;
-  Status s = CuStatus(
-      cuMemAddressReserve(&scratch, scratch_pages * page, page, 0, 0),
-      "cuMemAddressReserve(scratch)");
-  if (!s.ok()) {
-    cuStreamDestroy(stream);
-    return s;
-  }
   StartLaunchGateOnce();
   return std::unique_ptr<tsl::LmsPageBackend>(new GpuLmsPageBackend(
-      context, device_ordinal, dev, numa_id, page, stream, scratch,
-      scratch_pages));
+      context, device_ordinal, dev, numa_id, page, stream));
 #endif
 }
 
