@@ -175,12 +175,24 @@ bool WaitMadeAhead(Fixture* f, int64_t bytes) {
   return true;
 }
 
-// Once 3/4 of the device budget is mapped, host pages are made ahead of need
+// Once 3/4 of the device budget is in use, host pages are made ahead of need
 // (off the allocator's lock), a spill takes them instead of making its own,
 // and made-ahead pages never take the host budget past its limit.
 TEST(LmsBfc, HostPagesMadeAheadWithinTheHostBudget) {
   const size_t D = lms_test::DeviceBudget();
   const size_t half = D / 2;
+  {
+    // Without growth the pool maps the whole budget at its first
+    // allocation: mapped is not in use, nothing is made.
+    Fixture g = Make(D, D, true, false, /*allow_growth=*/false, false, half);
+    void* p = g.bfc->AllocateRaw(64, 1 << 20);
+    ASSERT_NE(p, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const LmsStats s = g.bfc->GetLmsStats();
+    EXPECT_GE(s.device_bytes_mapped, static_cast<int64_t>(3 * D / 4));
+    EXPECT_EQ(s.host_bytes_reserved, 0);
+    g.bfc->DeallocateRaw(p);
+  }
   const size_t ps = Make(D, D, true, false).sub->page_size();
   const size_t host = half + 2 * ps;
   Fixture f = Make(D, host, true, false, true, false, /*host_reserve=*/half);

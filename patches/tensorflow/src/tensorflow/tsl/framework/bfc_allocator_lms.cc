@@ -148,6 +148,12 @@ bool BFCAllocator::LmsCanBack(const Chunk* free_chunk, size_t rounded_bytes) {
 void BFCAllocator::LmsPrepareChunk(ChunkHandle h) {
   lms_in_use_mark_ = std::max(lms_in_use_mark_, stats_.bytes_in_use);
   Chunk* c = ChunkFromHandle(h);
+  // The device is filling up (bytes_in_use counts this chunk already): have
+  // host pages ready for the first spill.
+  if (4 * static_cast<size_t>(stats_.bytes_in_use) >=
+      3 * lms_->device_bytes_limit()) {
+    lms_->StartHostPagesAhead();
+  }
   Status s = lms_->BackRange(c->ptr, c->size);
   // LmsCanBack() was checked with the lock held: this only fails on driver
   // errors, and then the memory is not usable at all.

@@ -420,9 +420,6 @@ Status LmsVirtualMemSubAllocator::MapFresh(size_t index, bool host) {
     peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
   } else {
     ++device_mapped_;
-    if (!filler_started_ && 4 * device_mapped_ >= 3 * device_limit_pages_) {
-      StartFiller();
-    }
   }
   return OkStatus();
 }

@@ -162,10 +162,11 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
  public:
   enum class PageState : uint8_t { kUnbacked = 0, kDevice = 1, kHost = 2 };
 
-  // Host pages are made ahead of need: once 3/4 of the device budget is
-  // mapped, a filler thread creates host pages (off the allocator's lock,
-  // never while pages move) until 'host_reserve_bytes' of idle ones wait in
-  // the pool, within the host budget.  A first spill then copies at the
+  // Host pages are made ahead of need: once StartHostPagesAhead() was called
+  // (by the BFC allocator, when 3/4 of the device budget is in use), a filler
+  // thread creates host pages (off the allocator's lock, never while pages
+  // move) until 'host_reserve_bytes' of idle ones wait in the pool, within
+  // the host budget.  A first spill then copies at the
   // speed of a warm one instead of waiting for page creation (~4 GB/s).
   // kHostReserveAuto: 1/8 of the device budget, at most half the host one.
   static constexpr size_t kHostReserveAuto = ~size_t{0};
@@ -213,6 +214,12 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   // Maps device pages under the unbacked pages of [p, p + bytes).  Fails when
   // not enough device pages are available (nothing is mapped then).
   Status BackRange(const void* p, size_t bytes);
+  // Starts making host pages ahead of need (the first call; see
+  // kHostReserveAuto).  Not on mapping: a pool made without growth maps the
+  // whole device budget at its first allocation.
+  void StartHostPagesAhead() {
+    if (!filler_started_) StartFiller();
+  }
   // While one lives, pages that may be in use can be copied and unmapped:
   // the backend is quiesced (LmsPageBackend::Quiesce) from its construction
   // to its destruction, on every path out of the scope.  Scopes nest; the
