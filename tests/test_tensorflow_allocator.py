@@ -52,6 +52,7 @@ LMS_TESTS = [
     "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",
     "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/1",
     "LmsBfc.PageAndReserveSettings",
+    "LmsBfc.SpillAtTheHostLimitWaitsForThePageBeingMade",
     "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
     "LmsBfc.PlainSubAllocatorKeepsLmsOff",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",

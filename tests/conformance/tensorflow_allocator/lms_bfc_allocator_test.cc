@@ -238,6 +238,34 @@ TEST(LmsBfc, HostPagesMadeAheadWithinTheHostBudget) {
   f.bfc->DeallocateRaw(b);
 }
 
+// A spill that needs the host budget's last pages while the filler is still
+// making one of them waits for it instead of failing.  (CPU: the filler's
+// pages take LMS_TEST_FILLER_PAGE_DELAY_MS=100; CUDA: the driver's own time.)
+TEST(LmsBfc, SpillAtTheHostLimitWaitsForThePageBeingMade) {
+  const size_t D = lms_test::DeviceBudget();
+  const size_t half = D / 2;
+  setenv("LMS_TEST_FILLER_PAGE_DELAY_MS", "100", 1);
+  Fixture f = Make(D, half, true, false, true, false, /*host_reserve=*/half);
+  unsetenv("LMS_TEST_FILLER_PAGE_DELAY_MS");
+  void *a, *b;
+  ASSERT_NO_FATAL_FAILURE(TwoHalves(&f, half, &a, &b));  // the filler starts
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Spills 'a': the whole host budget, the filler's page in flight included.
+  void* c = f.bfc->AllocateRaw(64, half);
+  ASSERT_NE(c, nullptr) << f.bfc->LmsLastError();
+  lms_test::Fill(c, half, 3);
+  const LmsStats s = f.bfc->GetLmsStats();
+  EXPECT_EQ(s.bytes_swapped_out, static_cast<int64_t>(half));
+  EXPECT_EQ(s.num_failures, 0);
+  EXPECT_LE(s.host_bytes_reserved, s.host_bytes_limit);
+  EXPECT_EQ(Mismatches(a, half, 1), 0u);
+  EXPECT_EQ(Mismatches(b, half, 2), 0u);
+  EXPECT_EQ(Mismatches(c, half, 3), 0u);
+  f.bfc->DeallocateRaw(c);
+  f.bfc->DeallocateRaw(a);
+  f.bfc->DeallocateRaw(b);
+}
+
 // Spilled data stays readable and writable at the same pointer and comes
 // back to the device when memory is freed.
 TEST(LmsBfc, SpilledDataUsableInPlaceAndBroughtBack) {

@@ -1,8 +1,10 @@
 #include <sys/mman.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "lms_test_support.h"
 
@@ -70,11 +72,18 @@ class StandInGate {
 };
 thread_local int StandInGate::t_depth_ = 0;
 
-// The memfd page backend with the stand-in gate.
+// The memfd page backend with the stand-in gate.  Host pages made on another
+// thread than the one that made the backend (the sub-allocator's filler) take
+// LMS_TEST_FILLER_PAGE_DELAY_MS longer, as a GPU driver's page creation does.
 class GatedPosixBackend : public tsl::LmsPageBackend {
  public:
   explicit GatedPosixBackend(size_t page_size)
-      : b_(tsl::CreatePosixLmsPageBackend(page_size)) {}
+      : b_(tsl::CreatePosixLmsPageBackend(page_size)),
+        owner_(std::this_thread::get_id()),
+        filler_delay_ms_([] {
+          const char* v = std::getenv("LMS_TEST_FILLER_PAGE_DELAY_MS");
+          return v ? std::atoi(v) : 0;
+        }()) {}
   std::string Name() const override { return b_->Name() + "+stand-in gate"; }
   size_t page_size() const override { return b_->page_size(); }
   void* ReserveAddressRange(size_t bytes) override {
@@ -84,6 +93,9 @@ class GatedPosixBackend : public tsl::LmsPageBackend {
     b_->ReleaseAddressRange(base, bytes);
   }
   tsl::Status CreatePage(bool host, PageHandle* handle) override {
+    if (host && filler_delay_ms_ > 0 && std::this_thread::get_id() != owner_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(filler_delay_ms_));
+    }
     return b_->CreatePage(host, handle);
   }
   void DestroyPage(bool host, PageHandle handle) override {
@@ -108,6 +120,8 @@ class GatedPosixBackend : public tsl::LmsPageBackend {
 
  private:
   std::unique_ptr<tsl::LmsPageBackend> b_;
+  const std::thread::id owner_;
+  const int filler_delay_ms_;
 };
 
 inline uint32_t Pattern(uint32_t seed, size_t i) {

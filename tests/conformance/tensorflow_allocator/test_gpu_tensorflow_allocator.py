@@ -46,6 +46,7 @@ MUST_PASS = [
     "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",
     "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/1",
     "LmsBfc.PageAndReserveSettings",
+    "LmsBfc.SpillAtTheHostLimitWaitsForThePageBeingMade",
     "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
 ]

@@ -280,11 +280,13 @@ void LmsVirtualMemSubAllocator::FillerLoop() {
     --host_making_;
     if (!s.ok()) {
       LOG(WARNING) << "LMS: stopped making host pages ahead of need: " << s;
+      filler_cv_.notify_all();  // a TakePage waiting for this page goes on
       return;
     }
     ++host_created_;
     ++host_made_ahead_;
     host_pool_.push_back(h);
+    filler_cv_.notify_all();  // a TakePage may wait for this page
   }
 }
 
@@ -342,8 +344,8 @@ size_t LmsVirtualMemSubAllocator::DevicePagesAvailable() const {
 
 size_t LmsVirtualMemSubAllocator::HostPagesAvailable() const {
   std::lock_guard<std::mutex> l(pool_mu_);
-  return host_pool_.size() +
-         (host_limit_pages_ - host_created_ - host_making_);
+  // A page the filler is making counts: TakePage waits for it.
+  return host_pool_.size() + (host_limit_pages_ - host_created_);
 }
 
 LmsVirtualMemSubAllocator::PageState LmsVirtualMemSubAllocator::StateOf(
@@ -375,15 +377,21 @@ Status LmsVirtualMemSubAllocator::TakePage(bool host,
     return OkStatus();
   }
   {
-    std::lock_guard<std::mutex> l(pool_mu_);
-    if (!host_pool_.empty()) {
-      *h = host_pool_.back();
-      host_pool_.pop_back();
-      filler_cv_.notify_all();  // below the reserve: the filler tops it up
-      return OkStatus();
-    }
-    if (host_created_ + host_making_ >= host_limit_pages_) {
-      return errors::ResourceExhausted("host page budget exhausted");
+    std::unique_lock<std::mutex> l(pool_mu_);
+    for (;;) {
+      if (!host_pool_.empty()) {
+        *h = host_pool_.back();
+        host_pool_.pop_back();
+        filler_cv_.notify_all();  // below the reserve: the filler tops it up
+        return OkStatus();
+      }
+      if (host_created_ + host_making_ < host_limit_pages_) break;
+      if (host_making_ == 0) {
+        return errors::ResourceExhausted("host page budget exhausted");
+      }
+      // The budget's last pages are being made by the filler (which may be
+      // paused only between pages): wait for them to land in the pool.
+      filler_cv_.wait(l);
     }
     ++host_created_;  // charged before it exists, as the filler does
   }
