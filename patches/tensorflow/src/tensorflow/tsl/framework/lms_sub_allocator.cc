@@ -60,31 +60,46 @@ std::string LmsStats::DebugString() const {
       "\nLaunch gate calls held: ", launch_gate_calls_held, "\n");
 }
 
-size_t LmsHostMemLimitFromEnv(size_t default_bytes) {
-  const char* v = std::getenv("TF_GPU_HOST_MEM_LIMIT_IN_MB");
-  if (v == nullptr || *v == '\0') return default_bytes;
+namespace {
+// Environment variable 'name' read as a whole number of MiB: 'text' is
+// nullptr when it is unset or empty, 'mb' is -1 when the text is not a
+// non-negative integer.
+struct EnvMiB {
+  const char* text = nullptr;
+  long long mb = -1;
+};
+EnvMiB ReadEnvMiB(const char* name) {
+  EnvMiB e;
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return e;
+  e.text = v;
   char* end = nullptr;
-  long long mb = std::strtoll(v, &end, 10);
-  if (end == v || *end != '\0' || mb < 0) {
-    LOG(ERROR) << "TF_GPU_HOST_MEM_LIMIT_IN_MB=\"" << v
+  const long long mb = std::strtoll(v, &end, 10);
+  if (end != v && *end == '\0' && mb >= 0) e.mb = mb;
+  return e;
+}
+}  // namespace
+
+size_t LmsHostMemLimitFromEnv(size_t default_bytes) {
+  const EnvMiB e = ReadEnvMiB("TF_GPU_HOST_MEM_LIMIT_IN_MB");
+  if (e.text == nullptr) return default_bytes;
+  if (e.mb < 0) {
+    LOG(ERROR) << "TF_GPU_HOST_MEM_LIMIT_IN_MB=\"" << e.text
                << "\" is not a number of MiB; using the default of "
                << (default_bytes >> 20) << " MiB.";
     return default_bytes;
   }
-  return static_cast<size_t>(mb) << 20;
+  return static_cast<size_t>(e.mb) << 20;
 }
 
 size_t LmsPageBytes(size_t device_bytes) {
   constexpr size_t kMiB = size_t{1} << 20;
-  const char* v = std::getenv("TF_LMS_PAGE_IN_MB");
-  if (v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    long long mb = std::strtoll(v, &end, 10);
-    if (end != v && *end == '\0' && mb >= 2 && mb <= 1024 &&
-        (mb & (mb - 1)) == 0) {
-      return static_cast<size_t>(mb) * kMiB;
+  const EnvMiB e = ReadEnvMiB("TF_LMS_PAGE_IN_MB");
+  if (e.text != nullptr) {
+    if (e.mb >= 2 && e.mb <= 1024 && (e.mb & (e.mb - 1)) == 0) {
+      return static_cast<size_t>(e.mb) * kMiB;
     }
-    LOG(ERROR) << "TF_LMS_PAGE_IN_MB=\"" << v
+    LOG(ERROR) << "TF_LMS_PAGE_IN_MB=\"" << e.text
                << "\" is not a power of two from 2 to 1024; using the "
                   "default for the device budget.";
   }
@@ -94,19 +109,17 @@ size_t LmsPageBytes(size_t device_bytes) {
 }
 
 size_t LmsHostReserveFromEnv() {
-  const char* v = std::getenv("TF_LMS_HOST_RESERVE_IN_MB");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
+  const EnvMiB e = ReadEnvMiB("TF_LMS_HOST_RESERVE_IN_MB");
+  if (e.text == nullptr || std::strcmp(e.text, "auto") == 0) {
     return LmsVirtualMemSubAllocator::kHostReserveAuto;
   }
-  char* end = nullptr;
-  long long mb = std::strtoll(v, &end, 10);
-  if (end == v || *end != '\0' || mb < 0) {
-    LOG(ERROR) << "TF_LMS_HOST_RESERVE_IN_MB=\"" << v
+  if (e.mb < 0) {
+    LOG(ERROR) << "TF_LMS_HOST_RESERVE_IN_MB=\"" << e.text
                << "\" is not a number of MiB or \"auto\"; using auto (1/8 of "
                   "the device budget, at most half the host budget).";
     return LmsVirtualMemSubAllocator::kHostReserveAuto;
   }
-  return static_cast<size_t>(mb) << 20;
+  return static_cast<size_t>(e.mb) << 20;
 }
 
 bool LmsLaunchGateWantedFromEnv() {

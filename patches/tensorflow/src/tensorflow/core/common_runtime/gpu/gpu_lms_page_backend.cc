@@ -412,9 +412,6 @@ class GpuLmsPageBackend : public LmsPageBackend {
   std::vector<CUdeviceptr> slabs_;
 };
 
-// The page when none is asked for (tsl::LmsPageBytes picks one by budget).
-constexpr size_t kDefaultPageBytes = size_t{2} << 20;
-
 #if CUDA_VERSION >= 12020
 // Whether the device maps host-NUMA pages with the VMM calls.  cuda.h names the attribute
 // from CUDA 12.9 on; against the 12.2-12.8 headers a TensorFlow build pins it is asked
@@ -475,7 +472,10 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
         device_ordinal, " (VMM supported: ", vmm, ", host NUMA VMM: ", host_vmm,
         ")");
   }
-  size_t page = page_bytes > 0 ? page_bytes : kDefaultPageBytes;
+  if (page_bytes == 0) {
+    return tsl::errors::InvalidArgument("LMS page size of 0 bytes");
+  }
+  size_t page = page_bytes;
   for (bool host : {false, true}) {
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -39,9 +39,9 @@ namespace tensorflow {
 
 // Creates the CUDA VMM page backend for 'device_ordinal' in 'context'
 // (the TF GPU device's context; the primary context in tests), with pages of
-// 'page_bytes' (rounded up to the driver's granularity; 0: the default).
+// 'page_bytes' (tsl::LmsPageBytes; rounded up to the driver's granularity).
 tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
-    CUcontext context, int device_ordinal, size_t page_bytes = 0);
+    CUcontext context, int device_ordinal, size_t page_bytes);
 
 }  // namespace tensorflow
 
