@@ -114,6 +114,10 @@ r["after"] = [L.c10_lms_get_enabled(), L.c10_lms_get_limit(), L.c10_lms_get_size
               L.c10_lms_get_host_mem_limit()]
 r["bad_key_rc"] = L.c10_lms_parse_settings(b"lms_bogus:1", err, 4096); r["bad_key_err"] = err.value.decode()
 r["bad_val_rc"] = L.c10_lms_parse_settings(b"lms:maybe", err, 4096); r["bad_val_err"] = err.value.decode()
+r["page_ok_rc"] = [L.c10_lms_parse_settings(s, err, 4096) for s in (b"lms_page_mb:64", b"lms_page_mb:0")]
+r["page_bad"] = []
+for s in (b"lms_page_mb:21", b"lms_page_mb:0.5", b"lms_page_mb:2048"):
+    r["page_bad"].append([L.c10_lms_parse_settings(s, err, 4096), err.value.decode()])
 MiB = 1 << 20
 r["reserve"] = [L.c10_lms_host_reserve(40 * MiB), L.c10_lms_host_reserve(40 * MiB), L.c10_lms_host_used()]
 L.c10_lms_host_release(40 * MiB)
@@ -134,6 +138,9 @@ def test_c_api_settings_and_host_budget(builds):
     assert r["ok_rc"] == 0 and r["after"] == [1, 1024 * MiB, MiB // 2, 0, 64 * MiB]
     assert r["bad_key_rc"] == -1 and "lms_bogus" in r["bad_key_err"]
     assert r["bad_val_rc"] == -1 and "True/False" in r["bad_val_err"]
+    assert r["page_ok_rc"] == [0, 0]                            # lms_page_mb: whole 2 MiB granules, 0 = auto
+    for rc, msg in r["page_bad"]:                               # not a multiple of 2 MiB, or above 1024
+        assert rc == -1 and "lms_page_mb must be a multiple of 2 MiB" in msg, msg
     assert r["reserve"] == [1, 0, 40 * MiB]                     # second 40 MiB would pass 64 MiB
     assert r["after_release"] == [0, 1, 24 * MiB]
     st = r["stats"]
@@ -141,7 +148,7 @@ def test_c_api_settings_and_host_budget(builds):
               "alloc_served.free_list", "alloc_served.new_device_memory", "alloc_served.lms_reclaim",
               "alloc_served.defrag", "swap_out_time_ns", "swap_in_time_ns", "host_budget.used",
               "host_pool.total_bytes", "host_pool.idle_bytes", "host_pool.reserve_bytes",
-              "host_pool.made_ahead_bytes", "host_pool.made_on_demand_bytes"):
+              "host_pool.made_ahead_bytes", "host_pool.made_on_demand_bytes", "page_bytes.large"):
         assert k in st
     assert st["host_pool.reserve_bytes"] == "0"                 # nothing asked to fill without a GPU
     assert int(st["host_budget.used"]) == 24 * MiB and r["off"] == 0

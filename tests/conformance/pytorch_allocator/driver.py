@@ -217,7 +217,7 @@ def sc_net(L, lms="1", slots="0.45", blocks="1.0", alloc_host="0.25", chunk_mb="
                 mismatches_slots=bad_slots, t_alloc_s=t_alloc, lms=lms_stats, net=net)
 
 
-def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", gate="1"):
+def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", gate="1", page_mb="auto"):
     """Swap A out by allocating B under an LMS limit, three times.
 
     The first round's host pages are made on the way (reserve_mb=0), or ahead of
@@ -226,7 +226,8 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", 
     compute after that before it asks for B (a training step's forward takes
     that long to fill a device), ended early once the pool holds A's size.
     Later rounds find the pages of the round before in the pool. gate=0 turns
-    the launch gate off (what the gate's CUPTI subscription costs the moves)."""
+    the launch gate off (what the gate's CUPTI subscription costs the moves). page_mb sets
+    the large pool's page (lms_page_mb; auto: LMS's own, see CUDALargeModelSupport.h)."""
     ref_d2h = L.p.probe_pcie_gbps(2 * GiB, 0)
     ref_h2d = L.p.probe_pcie_gbps(2 * GiB, 1)
     conf = f"lms:True,lms_limit_mb:{int(float(limit_gb) * 1024)}"
@@ -234,6 +235,8 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", 
         conf += f",lms_host_reserve_mb:{reserve_mb}"
     if gate == "0":
         conf += ",lms_launch_gate:False"
+    if page_mb != "auto":
+        conf += f",lms_page_mb:{page_mb}"
     L.settings(conf)
     n = int(float(size_gb) * GiB)
     a, _, m = L.alloc(n)
@@ -267,7 +270,8 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", 
                            out_quiesce_ms=(s1["swap_out_quiesce_ns"] - s0["swap_out_quiesce_ns"]) / 1e6,
                            out_copy_wait_ms=(s1["swap_out_copy_wait_ns"] - s0["swap_out_copy_wait_ns"]) / 1e6))
     L.free(a)
-    return dict(ref_d2h_gbps=ref_d2h, ref_h2d_gbps=ref_h2d, settled=settled, rounds=rounds, lms=L.lms())
+    return dict(ref_d2h_gbps=ref_d2h, ref_h2d_gbps=ref_h2d, settled=settled, rounds=rounds, lms=L.lms(),
+                page_bytes=L.lms().get("page_bytes.large", 0))
 
 
 def sc_fork_exit(L):

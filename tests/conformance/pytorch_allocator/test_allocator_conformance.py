@@ -218,12 +218,13 @@ def test_stats_add_up(work):
     p, r = drive(work, "stats")
     r = _need(p, r)
     m, fr, rs, end = r["mid"], r["after_free"], r["after_reset"], r["end"]
-    SUMMARY["stats"] = {k: m[k] for k in m if k.startswith(("swap", "alloc_served", "host_bytes", "reclaim"))}
+    SUMMARY["stats"] = {k: m[k] for k in m if k.startswith(("swap", "alloc_served", "host_bytes", "reclaim", "page_bytes"))}
     assert r["mismatches"] == 0
     served = sum(m[k] - r["start"][k] for k in m if k.startswith("alloc_served."))
     assert served == r["n_allocs"]                       # every allocation is counted exactly once
     assert m["alloc_served.lms_reclaim"] >= 1 and m["reclaim_events"] >= 1
-    page = 20 << 20
+    page = m["page_bytes.large"]                         # the blocks lie in large-pool segments
+    assert page >= (20 << 20) and page % (2 << 20) == 0, page   # upstream's 20 MiB or LMS's larger page
     for s in (m, fr, end):                               # host bytes = out - in - dropped pages
         assert s["host_bytes.current"] == s["swap_out_bytes"] - s["swap_in_bytes"] - s["host_pages_dropped_on_free"] * page
         assert s["host_bytes.current"] <= s["host_budget.used"] <= s["host_budget.limit"]
@@ -317,21 +318,24 @@ def test_lms_off_is_upstream(work):
     assert a["trace"] == b["trace"] and a["upstream"] == b["upstream"]
 
 
-@pytest.mark.parametrize("first_pages", ["made_ahead", "made_on_the_way", "made_ahead_gate_off"])
+@pytest.mark.parametrize("first_pages", ["made_ahead", "made_on_the_way", "made_ahead_gate_off",
+                                         "made_ahead_20mib_pages"])
 def test_bandwidth(work, first_pages):
     # made_ahead: a reserve as large as the spill (the automatic one is 1/8 of
     # the 8 GiB limit); the pool's filler makes it while the job computes.
-    # gate_off: the same without the launch gate, to see what it costs
+    # gate_off: the same without the launch gate, to see what it costs;
+    # 20mib_pages: the same on upstream's large-pool page instead of LMS's
     args = {"made_ahead": ("reserve_mb=8192", "settle_s=10"),
             "made_on_the_way": ("reserve_mb=0",),
-            "made_ahead_gate_off": ("reserve_mb=8192", "settle_s=10", "gate=0")}[first_pages]
+            "made_ahead_gate_off": ("reserve_mb=8192", "settle_s=10", "gate=0"),
+            "made_ahead_20mib_pages": ("reserve_mb=8192", "settle_s=10", "page_mb=20")}[first_pages]
     p, r = drive(work, "bandwidth", *args, name=f"bandwidth_{first_pages}")
     r = _need(p, r)
     first, last = r["rounds"][0], r["rounds"][-1]
     frac = lambda gbps, ref: round(gbps / ref, 3)  # noqa: E731
     SUMMARY[f"bandwidth_{first_pages}"] = dict(
         ref_d2h_gbps=round(r["ref_d2h_gbps"], 1), ref_h2d_gbps=round(r["ref_h2d_gbps"], 1),
-        settled=r["settled"],
+        settled=r["settled"], page_mib=r["page_bytes"] / 2**20,
         rounds=[dict(out_gbps=round(x["out_gbps"], 1), in_gbps=round(x["in_gbps"], 1),
                      out_gib=round(x["out_bytes"] / 2**30, 2), in_gib=round(x["in_bytes"] / 2**30, 2),
                      made_on_demand_gib=round(x["made_on_demand"] / 2**30, 2),

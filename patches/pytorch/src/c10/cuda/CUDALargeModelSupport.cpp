@@ -52,6 +52,7 @@ struct Settings {
   std::atomic<bool> host_limit_set{false};
   std::atomic<bool> launch_gate{true};
   std::atomic<size_t> host_reserve{kAutoHostReserve};
+  std::atomic<size_t> large_page{0}; // 0: auto (large_page_bytes)
 };
 
 Settings& settings() {
@@ -108,6 +109,8 @@ size_t g_host_peak = 0;
 struct DeviceStats {
   std::array<std::atomic<int64_t>, kNumStats> v{};
   std::atomic<int64_t> host_peak{0};
+  std::atomic<size_t> total_memory{0}; // the device's, once asked
+  std::atomic<size_t> large_page{0}; // of the last large segment made
 };
 std::array<DeviceStats, kMaxDevices>& all_stats() {
   static std::array<DeviceStats, kMaxDevices> s;
@@ -217,6 +220,45 @@ void set_host_reserve(size_t bytes) {
   settings().host_reserve = bytes;
 }
 
+size_t large_page_setting() {
+  return settings().large_page.load();
+}
+void set_large_page(size_t bytes) {
+  constexpr size_t kGranule = 2 * kMiB; // VMM granularity of current GPUs
+  TORCH_CHECK(
+      bytes % kGranule == 0 && bytes <= 1024 * kMiB,
+      "lms_page_mb must be a multiple of 2 MiB, at most 1024 (0: auto); got ",
+      static_cast<double>(bytes) / kMiB);
+  settings().large_page = bytes;
+}
+size_t large_page_bytes(int device, size_t upstream_page, bool grow) {
+  size_t page = large_page_setting();
+  if (page == 0 && !grow) {
+    page = upstream_page;
+  } else if (page == 0) {
+    size_t total = 0;
+    if (device >= 0 && device < kMaxDevices) {
+      auto& d = all_stats()[device];
+      total = d.total_memory.load();
+      if (total == 0) {
+        CUDAGuard g(static_cast<c10::DeviceIndex>(device));
+        size_t free_b = 0;
+        C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+        d.total_memory = total;
+      }
+    }
+    page = 2 * kMiB;
+    while (page * 2 <= std::min<size_t>(total / 256, 64 * kMiB)) {
+      page *= 2;
+    }
+    page = std::max(page, upstream_page);
+  }
+  if (device >= 0 && device < kMaxDevices) {
+    all_stats()[device].large_page = page;
+  }
+  return page;
+}
+
 // Host pages are host allocations of the VMM API: a driver older than CUDA
 // 12.2 makes LMS unavailable. The headers a tag builds with may be older
 // (v1.13.1's wheel: CUDA 11.7); the enum values are fixed in the driver's ABI.
@@ -276,6 +318,8 @@ bool parse_setting(
     set_defrag_enabled(parse_bool(key, v));
   } else if (key == "lms_host_reserve_mb") {
     set_host_reserve(static_cast<size_t>(parse_number(key, v) * kMiB));
+  } else if (key == "lms_page_mb") {
+    set_large_page(static_cast<size_t>(parse_number(key, v) * kMiB));
   } else if (key == "lms_launch_gate") {
     settings().launch_gate = parse_bool(key, v);
     if (!settings().launch_gate) {
@@ -289,7 +333,7 @@ bool parse_setting(
         "Unrecognized CachingAllocator option: ",
         key,
         " (LMS keys: lms, lms_limit_mb, lms_size_mb, lms_host_mem_limit_mb, "
-        "lms_host_reserve_mb, lms_defrag, lms_launch_gate)");
+        "lms_host_reserve_mb, lms_defrag, lms_launch_gate, lms_page_mb)");
   }
   *last = i + 2;
   return true;
@@ -372,6 +416,11 @@ std::string stats_text(int device) {
     o << kStatNames[s] << "=" << stat_get(device, s) << "\n";
   }
   o << "host_bytes.peak=" << host_bytes_peak(device) << "\n";
+  o << "page_bytes.large="
+    << (device >= 0 && device < kMaxDevices
+            ? all_stats()[device].large_page.load()
+            : 0)
+    << "\n";
   o << "host_budget.limit=" << host_mem_limit() << "\n";
   o << "host_budget.used=" << host_used() << "\n";
   o << "host_budget.peak=" << host_budget_peak() << "\n";

@@ -25,6 +25,9 @@
 //   lms_defrag:True|False     release and remap free pages before swapping
 //   lms_launch_gate:True|False hold other threads' device work while live pages
 //                             move (default True; False leaves CUPTI to profilers)
+//   lms_page_mb:N             page of the large-pool segments made while LMS is
+//                             on (MiB, a multiple of 2 up to 1024; 0: auto, see
+//                             large_page_bytes)
 // Off by default; with LMS off the allocator behaves exactly as upstream.
 
 #include <c10/cuda/CUDAMacros.h>
@@ -53,6 +56,19 @@ C10_CUDA_API void set_host_mem_limit(size_t bytes);
 constexpr size_t kAutoHostReserve = ~size_t(0);
 C10_CUDA_API size_t host_reserve_setting();
 C10_CUDA_API void set_host_reserve(size_t bytes);
+// The large pool's page while LMS is on. A spill or a return pays the
+// driver's remap (cuMemSetAccess of the new mapping) once per page, whatever
+// its size: at 20 MiB that work outlasts the copy itself, at 64 MiB the copy
+// sets the speed. Larger pages also mean more neighbouring data moves with a
+// victim and memory is mapped in larger steps. set_large_page: 0 is auto.
+C10_CUDA_API size_t large_page_setting();
+C10_CUDA_API void set_large_page(size_t bytes);
+// The page a new large-pool segment of `device` gets: the setting; else,
+// with `grow`, the largest power of two of at most 1/256 of the device's
+// memory, at most 64 MiB and never below the tag's own page
+// (`upstream_page`); else `upstream_page`. Recorded for the stats
+// (page_bytes.large).
+C10_CUDA_API size_t large_page_bytes(int device, size_t upstream_page, bool grow);
 // False where LMS cannot work: built without the CUDA driver API, or a driver
 // older than CUDA 12.2 (host VMM allocations). True without any driver.
 C10_CUDA_API bool supported();
