@@ -17,7 +17,12 @@ is made by moving blocks out that the current op does not use, chosen by
   about every use);
 - ``next-use``: the block whose next use is farthest away first (Belady's choice).  A step repeats
   the previous step's op sequence, so this is what a policy that learned the previous step knows;
-  in PyTorch the autograd graph and the activation layer's pack order give the same order.
+  in PyTorch the autograd graph and the activation layer's pack order give the same order;
+- ``free-order``: the block whose free is farthest away first, blocks that outlive the step
+  first of all.  An allocator sees mallocs and frees but no uses: this is what it could learn
+  from the previous step on its own;
+- ``free-order-kept-last``: the same, but blocks that outlive the step (weights, optimizer
+  state) go last, in allocation order;
 
 and prints the bytes moved out and in per policy, with the PCIe-bound time of those moves
 (FACTS.md: 54 GB/s out, 53 GB/s in).  Whole blocks, no partial pages, no compute overlap: it
@@ -38,7 +43,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-POLICIES = ("alloc-order", "use-lru", "next-use")
+POLICIES = ("alloc-order", "use-lru", "next-use", "free-order", "free-order-kept-last")
 OUT_BPS, IN_BPS = 54e9, 53e9  # FACTS.md: device->pinned host, pinned host->device
 
 
@@ -149,6 +154,12 @@ def simulate(trace: dict, capacity: int, policy: str) -> dict:
             uses_at.setdefault(b, []).append(i)
     cursor = {b: 0 for b in uses_at}
     INF = len(ops) + 1
+    # when each block dies (INF: it outlives the step): what an allocator that
+    # saw the previous step's mallocs and frees can predict without seeing uses
+    dies_at: Dict[int, int] = {}
+    for i, (_n, _u, _nw, dead) in enumerate(ops):
+        for b in dead:
+            dies_at[b] = i
 
     def next_use(b, i):
         lst, k = uses_at.get(b, []), cursor.get(b, 0)
@@ -171,6 +182,11 @@ def simulate(trace: dict, capacity: int, policy: str) -> dict:
             return alloc_time[b]
         if policy == "use-lru":
             return last_use[b]
+        if policy == "free-order":           # farthest predicted free first
+            return -dies_at.get(b, INF)
+        if policy == "free-order-kept-last":  # the same; blocks that outlive the step last
+            d = dies_at.get(b)
+            return -d if d is not None else INF + alloc_time[b]
         return -next_use(b, i)
 
     def push(b, i):

@@ -8,7 +8,7 @@ and reached from here through its C API with :mod:`ctypes`; nothing in ``torch._
 
 Switch it on without code changes with ``PYTORCH_CUDA_ALLOC_CONF=lms:True`` (more keys:
 ``lms_limit_mb``, ``lms_size_mb``, ``lms_host_mem_limit_mb``, ``lms_host_reserve_mb``,
-``lms_defrag``) or from Python::
+``lms_defrag``, ``lms_launch_gate``, ``lms_page_mb``) or from Python::
 
     torch.cuda.set_enabled_lms(True)
     torch.cuda.set_limit_lms(60 * 2**30)      # start reclaiming at 60 GiB of device memory
