@@ -248,5 +248,10 @@ def build_c10(
     for t, p in libs.items():
         if not p.is_file():
             raise C10BuildError(f"build finished but {p} is missing")
-    test_bins = sorted(p for p in build_dir.glob("c10_cuda_*") if p.is_file() and os.access(p, os.X_OK))
+    # only this tree's tests (CMakeLists.txt: one c10_cuda_<name> per c10/cuda/test/impl source): a
+    # build dir reused for another tree still holds that tree's binaries
+    test_dir = tree / "c10" / "cuda" / "test" / "impl"
+    names = {f"c10_cuda_{src.stem}" for src in test_dir.glob("*") if src.suffix in (".cu", ".cpp")}
+    test_bins = sorted(p for p in build_dir.glob("c10_cuda_*")
+                       if p.name in names and p.is_file() and os.access(p, os.X_OK))
     return C10BuildResult(build_dir, libs, test_bins, fmt_include, cuda_home / "include", log)

@@ -8,7 +8,7 @@ own libc10_cuda, so nothing here imports torch) and checks with real kernels.
 Trees: $LMS_PT_TREE / $LMS_PT_PRISTINE (a patched / pristine PyTorch tree, e.g. carried to a GPU
 machine without internet), else the lms_tree / upstream_tree fixtures (tests/conftest.py) of the tag
 $LMS_PT_TAG (default v2.6.0).
-Builds go to $LMS_PT_BUILD (default .cache/pt-alloc-conformance). Every scenario's JSON result is
+Builds go to $LMS_PT_BUILD (default .cache/pt-alloc-conformance/<tag>). Every scenario's JSON result is
 written to <build>/results/<name>.json and a summary is printed at the end (-s) and written to
 <build>/results/summary.json.
 
@@ -67,7 +67,7 @@ def work(request):
     tree = Path(tree) if tree else request.getfixturevalue("lms_tree")("pytorch", tag)
     pristine = os.environ.get("LMS_PT_PRISTINE")
     pristine = Path(pristine) if pristine else request.getfixturevalue("upstream_tree")("pytorch", tag)
-    out = Path(os.environ.get("LMS_PT_BUILD", REPO / ".cache" / "pt-alloc-conformance"))
+    out = Path(os.environ.get("LMS_PT_BUILD", REPO / ".cache" / "pt-alloc-conformance" / tag))
     results = Path(os.environ.get("LMS_PT_RESULTS", out / "results"))
     results.mkdir(parents=True, exist_ok=True)
     cuda = _cuda_home()
