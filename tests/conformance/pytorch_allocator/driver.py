@@ -457,6 +457,45 @@ def sc_foreign(L, limit_mb="1024", seconds="60", passes="64", mb="128"):
                 swapped_in=after.get("swap_in_bytes", 0) - before.get("swap_in_bytes", 0), lms=after)
 
 
+def sc_remap_failure(L):
+    """One page move fails partway (PYTORCH_LMS_TEST_FAIL_REMAP, set by the test, fails the Nth
+    remap after its unmap, as an out-of-memory cuMemMap would). 8 blocks of 256 MiB fill a 2 GiB
+    limit; a 9th spills. Then 4 blocks are freed and the cache emptied, which brings pages back.
+    Reports whether the 9th was served, every block's bytes after it and at the end, the pages
+    each phase moved and the host bytes bookkeeping."""
+    L.settings("lms:True,lms_limit_mb:2048")
+    n = 256 * MiB
+    blocks = []
+    for i in range(8):
+        p, _, m = L.alloc(n)
+        assert p, m
+        L.fill(p, n, 300 + i)
+        blocks.append(p)
+    s0 = L.lms()
+    q, oom, msg = L.alloc(n)
+    s1 = L.lms()
+    first = dict(served=bool(q), oom=oom, msg=msg[:800],
+                 pages_out=s1["swap_out_count"] - s0["swap_out_count"])
+    bad_after_first = sum(L.check(p, n, 300 + i) for i, p in enumerate(blocks))
+    retry_msg = ""
+    if not q:                                   # the job goes on: the next allocation spills again
+        q, _, retry_msg = L.alloc(n)
+    if q:
+        L.fill(q, n, 999)
+    for p in blocks[4:]:
+        L.free(p)
+    L.p.probe_empty_cache()
+    s2 = L.lms()
+    bad_end = sum(L.check(p, n, 300 + i) for i, p in enumerate(blocks[:4]))
+    bad_q = L.check(q, n, 999) if q else -1
+    for p in blocks[:4] + ([q] if q else []):
+        L.free(p)
+    L.p.probe_empty_cache()
+    return dict(first=first, bad_after_first=bad_after_first, retry_served=bool(q), retry_msg=retry_msg[:500],
+                pages_in=s2["swap_in_count"] - s1["swap_in_count"], bad_end=bad_end, bad_q=bad_q,
+                after_return=s2, end=L.lms())
+
+
 def sc_launchcost(L, gate="1", launches="20000"):
     """What the launch gate costs a program that does not swap: the host time of one small
     kernel launch (a 4 KiB fill, launched through ctypes), LMS on, the gate on or off."""

@@ -116,10 +116,10 @@ def _need_net(work):
         pytest.skip("this tag's allocator has no trace trackers, which lms_swap's eviction net needs")
 
 
-def drive(work, scenario, *args, which="lms", prefix=(), timeout=400, name=None):
+def drive(work, scenario, *args, which="lms", prefix=(), timeout=400, name=None, env=None):
     build_dir, so = work["probe"][which]
     cmd = [*prefix, sys.executable, str(HERE / "driver.py"), str(build_dir), str(so), scenario, *args]
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="")
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="", **(env or {}))
     env.pop("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB", None)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     res = None
@@ -233,6 +233,37 @@ def test_stats_add_up(work):
     assert m["host_bytes.peak"] > 0 and m["swap_out_time_ns"] > 0
     assert rs["host_bytes.peak"] == rs["host_bytes.current"]    # reset_peak_memory_stats resets the peak
     assert end["host_bytes.current"] == 0
+
+
+def test_a_failed_page_move_loses_nothing(work):
+    """A driver error partway through moving pages (injected: the Nth remap of the process fails after
+    its unmap, as an out-of-memory cuMemMap would) leaves every page mapped, on its old memory: a
+    failed spill fails its allocation with the driver's error and the next one is served; a failed
+    return (on a free, where an exception would end the process) warns and leaves the data in
+    host memory. Every byte checked; the host-bytes bookkeeping still adds up."""
+    p, base = drive(work, "remap_failure", name="remap_failure_none")
+    base = _need(p, base)
+    out_pages = base["first"]["pages_out"]
+    assert base["first"]["served"] and out_pages >= 3 and base["pages_in"] > 1, base
+    runs = {}
+    for where, n in (("spill", 2), ("return", out_pages + 2)):
+        p, r = drive(work, "remap_failure", name=f"remap_failure_{where}",
+                     env={"PYTORCH_LMS_TEST_FAIL_REMAP": str(n)})
+        runs[where] = r = _need(p, r)
+        runs[where]["warned"] = "bringing pages back to the GPU failed" in p.stderr
+        assert r["bad_after_first"] == 0 and r["bad_end"] == 0 and r["bad_q"] == 0, r
+        assert r["retry_served"], r
+        e = r["after_return"]
+        page = e["page_bytes.large"]
+        assert e["host_bytes.current"] == e["swap_out_bytes"] - e["swap_in_bytes"] - e["host_pages_dropped_on_free"] * page
+        assert r["end"]["host_bytes.current"] == 0, r["end"]
+    SUMMARY["remap_failure"] = {w: dict(first=r["first"], pages_in=r["pages_in"], warned=r["warned"])
+                                for w, r in runs.items()}
+    sp, rt = runs["spill"], runs["return"]
+    assert not sp["first"]["served"] and not sp["first"]["oom"], sp["first"]     # the driver's error, not OOM
+    assert "out of memory" in sp["first"]["msg"].lower(), sp["first"]
+    assert sp["first"]["pages_out"] == 1, sp["first"]        # page 1 moved, page 2 stayed on its device page
+    assert rt["first"]["served"] and rt["warned"], rt     # the free went on; later returns brought the rest
 
 
 def test_host_limit_clean_error(work):

@@ -278,6 +278,60 @@ int set_device_access(unsigned long long va, size_t size, int device) {
 #endif
 }
 
+int remap_page(
+    unsigned long long va,
+    size_t size,
+    unsigned long long from,
+    unsigned long long to,
+    const int* devices,
+    size_t n) {
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+  static const long fail_at = [] {
+    const char* env = std::getenv("PYTORCH_LMS_TEST_FAIL_REMAP");
+    return env ? std::strtol(env, nullptr, 10) : 0L;
+  }();
+  static std::atomic<long> calls{0};
+  auto* api = c10::cuda::DriverAPI::get();
+  auto open = [&](CUresult r) {
+    for (size_t k = 0; k < n && r == CUDA_SUCCESS; ++k) {
+      r = static_cast<CUresult>(set_device_access(va, size, devices[k]));
+    }
+    return r;
+  };
+  CUresult r = api->cuMemUnmap_(va, size);
+  if (r != CUDA_SUCCESS) {
+    return r; // nothing changed
+  }
+  const bool inject = fail_at > 0 && ++calls == fail_at;
+  r = inject ? CUDA_ERROR_OUT_OF_MEMORY : api->cuMemMap_(va, size, 0, to, 0ULL);
+  if (r == CUDA_SUCCESS) {
+    r = open(r);
+    if (r == CUDA_SUCCESS) {
+      return 0;
+    }
+    api->cuMemUnmap_(va, size);
+  }
+  // put the old page back under the data's address
+  CUresult back = open(api->cuMemMap_(va, size, 0, from, 0ULL));
+  TORCH_CHECK(
+      back == CUDA_SUCCESS,
+      "Large Model Support: moving a page failed (CUDA driver error ",
+      static_cast<int>(r),
+      ") and mapping its old memory back failed too (error ",
+      static_cast<int>(back),
+      "); the tensors on it cannot be used");
+  return static_cast<int>(r);
+#else
+  (void)va;
+  (void)size;
+  (void)from;
+  (void)to;
+  (void)devices;
+  (void)n;
+  return -1; // not reached: LMS cannot be enabled here (supported())
+#endif
+}
+
 bool supported() {
 #if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
   static const bool ok = [] {

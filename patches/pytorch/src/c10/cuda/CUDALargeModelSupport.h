@@ -78,6 +78,20 @@ C10_CUDA_API int set_device_access(
     unsigned long long va,
     size_t size,
     int device);
+// Maps handle `to` at [va, va + size) in place of `from`, which is mapped
+// there now, and opens it to `devices` (n of them). Returns 0 (CUDA_SUCCESS),
+// or the failing call's CUresult with `from` mapped there again and opened
+// as before: a page of live data is never left unmapped (a kernel touching
+// it would kill the context). Throws only if putting `from` back fails too.
+// PYTORCH_LMS_TEST_FAIL_REMAP=N (tests) fails the Nth call of the process
+// after its unmap, as an out-of-memory cuMemMap would.
+C10_CUDA_API int remap_page(
+    unsigned long long va,
+    size_t size,
+    unsigned long long from,
+    unsigned long long to,
+    const int* devices,
+    size_t n);
 
 // Parses one "lms..." option of an allocator settings string starting at
 // config[i] (the key). Returns true and sets *last to the index of the last
