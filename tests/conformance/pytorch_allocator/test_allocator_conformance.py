@@ -244,7 +244,7 @@ def test_a_failed_page_move_loses_nothing(work):
     p, base = drive(work, "remap_failure", name="remap_failure_none")
     base = _need(p, base)
     out_pages = base["first"]["pages_out"]
-    assert base["first"]["served"] and out_pages >= 3 and base["pages_in"] > 1, base
+    assert base["first"]["served"] and out_pages >= 2 and base["pages_in"] >= 2, base
     runs = {}
     for where, n in (("spill", 2), ("return", out_pages + 2)):
         p, r = drive(work, "remap_failure", name=f"remap_failure_{where}",
