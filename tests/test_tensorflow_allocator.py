@@ -47,6 +47,7 @@ LMS_TESTS = [
     "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
     "LmsBfc.FragmentationWithoutDefragIsServedBySpilling",
     "LmsBfc.HostLimitErrorNamesTheVariable",
+    "LmsBfc.AFailedPageMoveLosesNothing",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
     "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",

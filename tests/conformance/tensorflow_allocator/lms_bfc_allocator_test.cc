@@ -509,6 +509,82 @@ TEST(LmsBfc, HostLimitErrorNamesTheVariable) {
   }
 }
 
+// A driver error partway through a page move leaves every page on its old
+// memory.  TF_LMS_TEST_FAIL_REMAP=N makes the backend's Nth page remap fail
+// after its unmap, as an out-of-memory cuMemMap would: in a spill, the
+// allocation is refused with the error and the next one spills and is
+// served; in a return (on a free), the data stays on the host.  Every byte is
+// checked in both.
+TEST(LmsBfc, AFailedPageMoveLosesNothing) {
+  const size_t D = lms_test::DeviceBudget();
+  const size_t kChunk = D / 8;
+  struct Run {
+    bool first_served = false, retry_served = false;
+    int64_t pages_out = 0, pages_in_first_free = 0, pages_in = 0;
+    size_t bad = 0;
+    std::string err;
+  };
+  auto run = [&](size_t fail_at) {
+    if (fail_at > 0) {
+      setenv("TF_LMS_TEST_FAIL_REMAP", std::to_string(fail_at).c_str(), 1);
+    }
+    Fixture f = Make(D, 2 * D, true, false);
+    unsetenv("TF_LMS_TEST_FAIL_REMAP");
+    Run r;
+    std::vector<void*> ptrs;
+    for (int i = 0; i < 8; ++i) {  // the device budget, nothing spilled
+      void* p = f.bfc->AllocateRaw(64, kChunk);
+      CHECK(p != nullptr);
+      lms_test::Fill(p, kChunk, 1300 + i);
+      ptrs.push_back(p);
+    }
+    CHECK_EQ(f.bfc->GetLmsStats().num_swap_outs, 0);
+    void* q = f.bfc->AllocateRaw(64, kChunk);  // spills the oldest
+    r.first_served = q != nullptr;
+    r.pages_out = f.bfc->GetLmsStats().num_swap_outs;
+    r.err = f.bfc->LmsLastError();
+    for (int i = 0; i < 8; ++i) r.bad += Mismatches(ptrs[i], kChunk, 1300 + i);
+    if (q == nullptr) q = f.bfc->AllocateRaw(64, kChunk);
+    r.retry_served = q != nullptr;
+    if (q != nullptr) lms_test::Fill(q, kChunk, 1399);
+    f.bfc->DeallocateRaw(ptrs[7]);  // frees as much as is spilled: a return
+    r.pages_in_first_free = f.bfc->GetLmsStats().num_swap_ins;
+    for (int i = 6; i >= 4; --i) f.bfc->DeallocateRaw(ptrs[i]);
+    r.pages_in = f.bfc->GetLmsStats().num_swap_ins;
+    for (int i = 0; i < 4; ++i) r.bad += Mismatches(ptrs[i], kChunk, 1300 + i);
+    if (q != nullptr) r.bad += Mismatches(q, kChunk, 1399);
+    for (int i = 0; i < 4; ++i) f.bfc->DeallocateRaw(ptrs[i]);
+    if (q != nullptr) f.bfc->DeallocateRaw(q);
+    LOG(INFO) << "fail_at " << fail_at << ": first spill "
+              << (r.first_served ? "served" : "refused") << ", pages out "
+              << r.pages_out << ", in " << r.pages_in_first_free << " then "
+              << r.pages_in << ", mismatches "
+              << r.bad << ", error: " << r.err;
+    return r;
+  };
+  const Run clean = run(0);
+  ASSERT_TRUE(clean.first_served) << clean.err;
+  ASSERT_GE(clean.pages_out, 2);
+  ASSERT_GE(clean.pages_in_first_free, 2);
+  EXPECT_EQ(clean.bad, 0u);
+
+  const Run spill = run(2);  // the first spill's second page
+  EXPECT_FALSE(spill.first_served);
+  EXPECT_EQ(spill.pages_out, 0);  // a move is all or nothing
+  EXPECT_NE(spill.err.find("every page was put back"), std::string::npos)
+      << spill.err;
+  EXPECT_EQ(spill.bad, 0u);
+  EXPECT_TRUE(spill.retry_served);
+
+  const Run back = run(clean.pages_out + 2);  // the first return's second page
+  EXPECT_TRUE(back.first_served) << back.err;
+  EXPECT_EQ(back.bad, 0u);
+  // that return put its pages back on the host (a move is all or nothing);
+  // a later one brought them
+  EXPECT_LT(back.pages_in_first_free, clean.pages_in_first_free);
+  EXPECT_EQ(back.pages_in, clean.pages_in);
+}
+
 // Random allocations and frees up to ~1.75x the device: every byte checked.
 TEST(LmsBfc, RandomWorkloadBytesIntact) {
   const size_t D = lms_test::DeviceBudget();

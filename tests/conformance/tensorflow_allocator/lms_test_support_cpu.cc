@@ -106,8 +106,9 @@ class GatedPosixBackend : public tsl::LmsPageBackend {
   }
   tsl::Status Unmap(void* va) override { return b_->Unmap(va); }
   tsl::Status Remap(void* va, size_t n, bool to_host,
+                    const std::vector<PageHandle>& from,
                     const std::vector<PageHandle>& to) override {
-    return b_->Remap(va, n, to_host, to);
+    return b_->Remap(va, n, to_host, from, to);
   }
   void Quiesce() override { StandInGate::Get().Close(); }
   void Resume() override { StandInGate::Get().Open(); }

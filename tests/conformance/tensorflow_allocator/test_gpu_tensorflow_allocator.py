@@ -41,6 +41,7 @@ MUST_PASS = [
     "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
     "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
     "LmsBfc.HostLimitErrorNamesTheVariable",
+    "LmsBfc.AFailedPageMoveLosesNothing",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
     "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",

@@ -104,26 +104,53 @@ class PosixLmsPageBackend : public LmsPageBackend {
     return OkStatus();
   }
   Status Remap(void* va, size_t n, bool to_host,
+               const std::vector<PageHandle>& from,
                const std::vector<PageHandle>& to) override {
     const int k = to_host ? 1 : 0;
     for (size_t i = 0; i < n; ++i) {
       char* page = static_cast<char*>(va) + i * page_size_;
       // Copy the bytes now visible at 'page' into the new page ...
+      Status s;
       size_t done = 0;
-      while (done < page_size_) {
+      while (s.ok() && done < page_size_) {
         ssize_t w = pwrite(fd_[k], page + done, page_size_ - done,
                            static_cast<off_t>(to[i] + done));
-        if (w <= 0) return errors::Internal("pwrite: ", strerror(errno));
-        done += w;
+        if (w <= 0) {
+          s = errors::Internal("pwrite: ", strerror(errno));
+        } else {
+          done += w;
+        }
       }
       // ... and map it at the same address.
-      TF_RETURN_IF_ERROR(Map(page, to_host, to[i]));
+      if (s.ok()) {
+        s = ++remaps_ == fail_remap_at_
+                ? errors::Internal("mmap: injected (TF_LMS_TEST_FAIL_REMAP)")
+                : Map(page, to_host, to[i]);
+      }
+      if (!s.ok()) {
+        // Pages [0, i] go back on their old pages (MAP_FIXED replaces
+        // whatever a failed map left at page i).
+        for (size_t m = 0; m <= i; ++m) {
+          Status back = Map(static_cast<char*>(va) + m * page_size_,
+                            !to_host, from[m]);
+          if (!back.ok()) {
+            return errors::Internal(
+                "LMS: moving pages failed (", s.message(),
+                ") and putting a page back failed too (", back.message(),
+                "): the data on it is lost");
+          }
+        }
+        return errors::Internal("LMS: moving pages failed (", s.message(),
+                                "); every page was put back");
+      }
     }
     return OkStatus();
   }
 
  private:
   const size_t page_size_;
+  const size_t fail_remap_at_ = LmsTestFailRemapFromEnv();
+  size_t remaps_ = 0;  // pages remapped (callers hold the allocator's lock)
   int fd_[2];
   std::mutex mu_;  // size_ and free_
   uint64_t size_[2] = {0, 0};

@@ -122,6 +122,14 @@ size_t LmsHostReserveFromEnv() {
   return static_cast<size_t>(e.mb) << 20;
 }
 
+size_t LmsTestFailRemapFromEnv() {
+  const char* v = std::getenv("TF_LMS_TEST_FAIL_REMAP");
+  if (v == nullptr) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  return (end != v && *end == '\0' && n > 0) ? static_cast<size_t>(n) : 0;
+}
+
 bool LmsLaunchGateWantedFromEnv() {
   const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
   if (v == nullptr || *v == '\0') return true;
@@ -505,8 +513,10 @@ Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
       ++j;
     }
     if (j > i) {
+      std::vector<LmsPageBackend::PageHandle> from;
+      for (size_t k = i; k < j; ++k) from.push_back(pages_[k].handle);
       Status s = backend_->Remap(base_ + i * page_size_, j - i,
-                                 /*to_host=*/true, to);
+                                 /*to_host=*/true, from, to);
       if (!s.ok()) {
         for (auto h : to) RecyclePage(true, h);
         return s;
@@ -548,8 +558,10 @@ Status LmsVirtualMemSubAllocator::FetchRange(const void* p, size_t bytes,
       ++j;
     }
     if (j == i) return OkStatus();  // No device page available.
-    Status s =
-        backend_->Remap(base_ + i * page_size_, j - i, /*to_host=*/false, to);
+    std::vector<LmsPageBackend::PageHandle> from;
+    for (size_t k = i; k < j; ++k) from.push_back(pages_[k].handle);
+    Status s = backend_->Remap(base_ + i * page_size_, j - i,
+                               /*to_host=*/false, from, to);
     if (!s.ok()) {
       for (auto h : to) RecyclePage(false, h);
       return s;

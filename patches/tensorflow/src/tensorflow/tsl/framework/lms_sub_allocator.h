@@ -128,11 +128,17 @@ class LmsPageBackend {
   virtual Status Map(void* va, bool host, PageHandle handle) = 0;
   // Removes the mapping of the page at 'va' (the address stays reserved).
   virtual Status Unmap(void* va) = 0;
-  // Copies the 'n' pages now mapped at 'va' into the pages 'to' and maps
-  // those at 'va' in place of the old ones (which stay alive: the caller
-  // recycles them).  The contents at 'va' are the same before and after.
-  // An error before any page at 'va' changed leaves 'va' as it was.
+  // Copies the 'n' pages now mapped at 'va' (the pages 'from') into the
+  // pages 'to' and maps those at 'va' in place of the old ones (which stay
+  // alive: the caller recycles them).  The contents at 'va' are the same
+  // before and after.  On an error every page at 'va' is mapped on its
+  // 'from' page again, as before the call: a page under live data is never
+  // left unmapped or on a page the caller recycles.  The error then says
+  // so; should putting a page back fail too, it says that the data is lost.
+  // TF_LMS_TEST_FAIL_REMAP=N (tests, read when the backend is made) fails
+  // the backend's Nth page remap after its unmap.
   virtual Status Remap(void* va, size_t n, bool to_host,
+                       const std::vector<PageHandle>& from,
                        const std::vector<PageHandle>& to) = 0;
   // Quiesce() is called before pages that may hold live data are copied or
   // unmapped, Resume() once they are in place again (always paired, on the
@@ -355,6 +361,11 @@ size_t LmsPageBytes(size_t device_bytes);
 // Reads TF_LMS_HOST_RESERVE_IN_MB: MiB of host pages to make ahead of need
 // (0 disables); kHostReserveAuto when unset, "auto" or unparsable.
 size_t LmsHostReserveFromEnv();
+
+// TF_LMS_TEST_FAIL_REMAP: the page remap (counted per backend, from 1) that
+// fails on purpose, for tests of LmsPageBackend::Remap's error path; 0 (never)
+// when unset or not a positive number.
+size_t LmsTestFailRemapFromEnv();
 
 // Whether the page backend's launch gate is wanted: false when
 // TF_LMS_LAUNCH_GATE is 0, false, False, FALSE, off or no; true otherwise.

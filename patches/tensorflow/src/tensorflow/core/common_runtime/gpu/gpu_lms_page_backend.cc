@@ -254,6 +254,7 @@ class GpuLmsPageBackend : public LmsPageBackend {
                     "cuMemUnmap");
   }
   Status Remap(void* va, size_t n, bool to_host,
+               const std::vector<PageHandle>& from,
                const std::vector<PageHandle>& to) override {
     ScopedContext sc(ctx_);
     const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(va);
@@ -283,20 +284,29 @@ class GpuLmsPageBackend : public LmsPageBackend {
     }
     // Put the new pages under the data's addresses, chunk by chunk as their
     // copies finish.
-    for (size_t c = 0; c < chunks; ++c) {
+    size_t moved = 0;  // pages [0, moved) are on their new page
+    bool hole = false;  // page 'moved' is unmapped
+    for (size_t c = 0; s.ok() && c < chunks; ++c) {
       s = CuStatus(cuEventSynchronize(events_[c]), "cuEventSynchronize");
       const size_t hi = std::min(n, (c + 1) * chunk_pages_);
       for (size_t k = c * chunk_pages_; s.ok() && k < hi; ++k) {
         const CUdeviceptr p = base + k * page_;
         s = CuStatus(cuMemUnmap(p, page_), "cuMemUnmap");
-        if (s.ok()) s = MapLocked(p, to[k]);
-      }
-      if (!s.ok()) {
-        cuStreamSynchronize(stream_);
-        return s;
+        if (!s.ok()) break;
+        hole = true;
+        s = ++remaps_ == fail_remap_at_
+                ? tsl::errors::Internal(
+                      "cuMemMap: injected (TF_LMS_TEST_FAIL_REMAP)")
+                : MapLocked(p, to[k]);
+        if (s.ok()) {
+          hole = false;
+          moved = k + 1;
+        }
       }
     }
-    return tsl::OkStatus();
+    if (s.ok()) return tsl::OkStatus();
+    cuStreamSynchronize(stream_);
+    return PutBack(base, moved + (hole ? 1 : 0), moved, from, s);
   }
   // Closes the launch gate (when it is active) and synchronizes the context;
   // Resume() opens the gate again.  A failed synchronization is logged and
@@ -337,6 +347,29 @@ class GpuLmsPageBackend : public LmsPageBackend {
   }
 
  private:
+  // After a failed Remap: maps pages [0, n) at 'base' on their 'from' pages
+  // again; those below 'moved' are on their new page now, the one at 'moved'
+  // (if n > moved) is unmapped.  Returns the move's error, saying whether
+  // every page went back.
+  Status PutBack(CUdeviceptr base, size_t n, size_t moved,
+                 const std::vector<PageHandle>& from, const Status& failed) {
+    for (size_t m = 0; m < n; ++m) {
+      const CUdeviceptr p = base + m * page_;
+      Status back = m < moved ? CuStatus(cuMemUnmap(p, page_), "cuMemUnmap")
+                              : tsl::OkStatus();
+      if (back.ok()) back = MapLocked(p, from[m]);
+      if (!back.ok()) {
+        return tsl::errors::Internal(
+            "LMS: moving pages failed (", failed.message(),
+            ") and putting a page back failed too (", back.message(),
+            "): the data on it is lost");
+      }
+    }
+    return tsl::errors::Internal("LMS: moving pages failed (",
+                                 failed.message(),
+                                 "); every page was put back");
+  }
+
   Status MapLocked(CUdeviceptr va, PageHandle handle) {
     TF_RETURN_IF_ERROR(CuStatus(
         cuMemMap(va, page_, 0,
@@ -405,6 +438,8 @@ class GpuLmsPageBackend : public LmsPageBackend {
   const size_t page_;
   const size_t chunk_pages_;
   const CUstream stream_;
+  const size_t fail_remap_at_ = tsl::LmsTestFailRemapFromEnv();
+  size_t remaps_ = 0;  // pages remapped (callers hold the allocator's lock)
   std::vector<CUevent> events_;
   std::mutex own_mu_;  // own_, free_slots_, slabs_ (the filler makes pages)
   std::unordered_map<PageHandle, CUdeviceptr> own_;
