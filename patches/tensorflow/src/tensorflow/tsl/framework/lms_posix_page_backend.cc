@@ -122,26 +122,17 @@ class PosixLmsPageBackend : public LmsPageBackend {
         }
       }
       // ... and map it at the same address.
-      if (s.ok()) {
-        s = ++remaps_ == fail_remap_at_
-                ? errors::Internal("mmap: injected (TF_LMS_TEST_FAIL_REMAP)")
-                : Map(page, to_host, to[i]);
-      }
+      if (s.ok()) s = faults_.Next("mmap");
+      if (s.ok()) s = Map(page, to_host, to[i]);
       if (!s.ok()) {
         // Pages [0, i] go back on their old pages (MAP_FIXED replaces
         // whatever a failed map left at page i).
         for (size_t m = 0; m <= i; ++m) {
           Status back = Map(static_cast<char*>(va) + m * page_size_,
                             !to_host, from[m]);
-          if (!back.ok()) {
-            return errors::Internal(
-                "LMS: moving pages failed (", s.message(),
-                ") and putting a page back failed too (", back.message(),
-                "): the data on it is lost");
-          }
+          if (!back.ok()) return LmsRemapFailed(s, back);
         }
-        return errors::Internal("LMS: moving pages failed (", s.message(),
-                                "); every page was put back");
+        return LmsRemapFailed(s, OkStatus());
       }
     }
     return OkStatus();
@@ -149,8 +140,7 @@ class PosixLmsPageBackend : public LmsPageBackend {
 
  private:
   const size_t page_size_;
-  const size_t fail_remap_at_ = LmsTestFailRemapFromEnv();
-  size_t remaps_ = 0;  // pages remapped (callers hold the allocator's lock)
+  LmsRemapFaults faults_;
   int fd_[2];
   std::mutex mu_;  // size_ and free_
   uint64_t size_[2] = {0, 0};

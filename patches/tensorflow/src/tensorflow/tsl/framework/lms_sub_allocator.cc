@@ -122,12 +122,29 @@ size_t LmsHostReserveFromEnv() {
   return static_cast<size_t>(e.mb) << 20;
 }
 
-size_t LmsTestFailRemapFromEnv() {
-  const char* v = std::getenv("TF_LMS_TEST_FAIL_REMAP");
-  if (v == nullptr) return 0;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  return (end != v && *end == '\0' && n > 0) ? static_cast<size_t>(n) : 0;
+LmsRemapFaults::LmsRemapFaults()
+    : fail_at_([] {
+        const char* v = std::getenv("TF_LMS_TEST_FAIL_REMAP");
+        if (v == nullptr) return size_t{0};
+        char* end = nullptr;
+        const long long n = std::strtoll(v, &end, 10);
+        return (end != v && *end == '\0' && n > 0) ? static_cast<size_t>(n)
+                                                    : size_t{0};
+      }()) {}
+
+Status LmsRemapFaults::Next(const char* call) {
+  if (++count_ != fail_at_) return OkStatus();
+  return errors::Internal(call, ": injected (TF_LMS_TEST_FAIL_REMAP)");
+}
+
+Status LmsRemapFailed(const Status& failed, const Status& back) {
+  if (!back.ok()) {
+    return errors::Internal("LMS: moving pages failed (", failed.message(),
+                            ") and putting a page back failed too (",
+                            back.message(), "): the data on it is lost");
+  }
+  return errors::Internal("LMS: moving pages failed (", failed.message(),
+                          "); every page was put back");
 }
 
 bool LmsLaunchGateWantedFromEnv() {

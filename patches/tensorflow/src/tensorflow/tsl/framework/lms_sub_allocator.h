@@ -136,7 +136,7 @@ class LmsPageBackend {
   // left unmapped or on a page the caller recycles.  The error then says
   // so; should putting a page back fail too, it says that the data is lost.
   // TF_LMS_TEST_FAIL_REMAP=N (tests, read when the backend is made) fails
-  // the backend's Nth page remap after its unmap.
+  // the backend's Nth page remap after its unmap (LmsRemapFaults).
   virtual Status Remap(void* va, size_t n, bool to_host,
                        const std::vector<PageHandle>& from,
                        const std::vector<PageHandle>& to) = 0;
@@ -362,10 +362,23 @@ size_t LmsPageBytes(size_t device_bytes);
 // (0 disables); kHostReserveAuto when unset, "auto" or unparsable.
 size_t LmsHostReserveFromEnv();
 
-// TF_LMS_TEST_FAIL_REMAP: the page remap (counted per backend, from 1) that
-// fails on purpose, for tests of LmsPageBackend::Remap's error path; 0 (never)
-// when unset or not a positive number.
-size_t LmsTestFailRemapFromEnv();
+// For LmsPageBackend::Remap implementations.  A backend counts its page
+// remaps in one LmsRemapFaults: Next() is an error for the remap that
+// TF_LMS_TEST_FAIL_REMAP names (counted from 1; none when unset or not a
+// positive number), for tests of the error path, OK otherwise.  Callers hold
+// the allocator's lock.
+class LmsRemapFaults {
+ public:
+  LmsRemapFaults();
+  Status Next(const char* call);
+
+ private:
+  const size_t fail_at_;
+  size_t count_ = 0;
+};
+// The error a failed Remap returns: the move's error 'failed', and, when
+// putting a page back failed too ('back' not OK), that its data is lost.
+Status LmsRemapFailed(const Status& failed, const Status& back);
 
 // Whether the page backend's launch gate is wanted: false when
 // TF_LMS_LAUNCH_GATE is 0, false, False, FALSE, off or no; true otherwise.

@@ -294,10 +294,8 @@ class GpuLmsPageBackend : public LmsPageBackend {
         s = CuStatus(cuMemUnmap(p, page_), "cuMemUnmap");
         if (!s.ok()) break;
         hole = true;
-        s = ++remaps_ == fail_remap_at_
-                ? tsl::errors::Internal(
-                      "cuMemMap: injected (TF_LMS_TEST_FAIL_REMAP)")
-                : MapLocked(p, to[k]);
+        s = faults_.Next("cuMemMap");
+        if (s.ok()) s = MapLocked(p, to[k]);
         if (s.ok()) {
           hole = false;
           moved = k + 1;
@@ -358,16 +356,9 @@ class GpuLmsPageBackend : public LmsPageBackend {
       Status back = m < moved ? CuStatus(cuMemUnmap(p, page_), "cuMemUnmap")
                               : tsl::OkStatus();
       if (back.ok()) back = MapLocked(p, from[m]);
-      if (!back.ok()) {
-        return tsl::errors::Internal(
-            "LMS: moving pages failed (", failed.message(),
-            ") and putting a page back failed too (", back.message(),
-            "): the data on it is lost");
-      }
+      if (!back.ok()) return tsl::LmsRemapFailed(failed, back);
     }
-    return tsl::errors::Internal("LMS: moving pages failed (",
-                                 failed.message(),
-                                 "); every page was put back");
+    return tsl::LmsRemapFailed(failed, tsl::OkStatus());
   }
 
   Status MapLocked(CUdeviceptr va, PageHandle handle) {
@@ -438,8 +429,7 @@ class GpuLmsPageBackend : public LmsPageBackend {
   const size_t page_;
   const size_t chunk_pages_;
   const CUstream stream_;
-  const size_t fail_remap_at_ = tsl::LmsTestFailRemapFromEnv();
-  size_t remaps_ = 0;  // pages remapped (callers hold the allocator's lock)
+  tsl::LmsRemapFaults faults_;
   std::vector<CUevent> events_;
   std::mutex own_mu_;  // own_, free_slots_, slabs_ (the filler makes pages)
   std::unordered_map<PageHandle, CUdeviceptr> own_;
