@@ -274,6 +274,43 @@ def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", 
                 page_bytes=L.lms().get("page_bytes.large", 0))
 
 
+def sc_late_enable(L, size_gb="4", reserve_mb="4096", settle_s="15"):
+    """LMS switched on after a large block exists: its expandable segment, made with LMS off,
+    keeps upstream's 20 MiB page. The next allocation that needs new pages starts the pool's
+    filler (the device is past 3/4 of the limit); once it settles, a second block of the same
+    size spills the first. The host pages made ahead must be of the first block's page, or the
+    spill makes its pages on the way."""
+    L.settings("expandable_segments:True")
+    n = int(float(size_gb) * GiB)
+    a, _, m = L.alloc(n)
+    assert a, m
+    L.fill(a, n, 7)
+    L.settings(f"lms:True,lms_limit_mb:{int(float(size_gb) * 1024) + 1024},"
+               f"lms_host_reserve_mb:{reserve_mb}")
+    t, _, m = L.alloc(64 * MiB)              # more than the segment's free tail: new pages
+    assert t, m
+    t0 = time.time()
+    want = min(int(reserve_mb) * MiB, n) * 9 // 10
+    while time.time() - t0 < float(settle_s) and L.lms()["host_pool.idle_bytes"] < want:
+        time.sleep(0.05)
+    s0 = L.lms()
+    b, _, m = L.alloc(n)
+    assert b, m
+    s1 = L.lms()
+    L.fill(b, n, 8)
+    bad_b = L.check(b, n, 8)
+    L.free(b)
+    bad_a = L.check(a, n, 7)
+    L.free(a)
+    L.free(t)
+    return dict(settle_s=round(time.time() - t0, 2), pool_idle_bytes=s0["host_pool.idle_bytes"],
+                out_bytes=s1["swap_out_bytes"] - s0["swap_out_bytes"],
+                made_on_demand=s1["host_pool.made_on_demand_bytes"] - s0["host_pool.made_on_demand_bytes"],
+                out_gbps=(s1["swap_out_bytes"] - s0["swap_out_bytes"])
+                / max(1, s1["swap_out_time_ns"] - s0["swap_out_time_ns"]),
+                new_page_bytes=s1.get("page_bytes.large", 0), bad_a=bad_a, bad_b=bad_b, lms=L.lms())
+
+
 def sc_fork_exit(L):
     """The host pool's filler is running when the process forks; the child exits
     through exit() (its atexit handlers run) and must not wait for a filler

@@ -390,6 +390,23 @@ def test_bandwidth(work, first_pages):
             assert first["made_on_demand"] == 0, first
 
 
+
+def test_host_pages_made_ahead_match_segments_made_before_lms(work):
+    """LMS switched on when a large block already lies in an expandable segment of upstream's
+    20 MiB page (LMS's own segments get larger pages): the host pages made ahead are of the page
+    the spill moves, so the spill finds them made instead of making its own on the way."""
+    if not work["partial_segments"]:
+        pytest.skip("this tag has no expandable segments without LMS: segments made before LMS "
+                    "was switched on are plain cudaMalloc segments, which LMS does not move")
+    p, r = drive(work, "late_enable")
+    r = _need(p, r)
+    SUMMARY["late_enable"] = {k: r[k] for k in ("settle_s", "pool_idle_bytes", "out_bytes",
+                                                "made_on_demand", "out_gbps", "new_page_bytes")}
+    assert r["bad_a"] == 0 and r["bad_b"] == 0
+    assert r["out_bytes"] >= 2 << 30, r                   # the 20 MiB-page block spilled
+    assert r["pool_idle_bytes"] >= r["out_bytes"] // 2, r  # the filler had made pages ahead
+    assert r["made_on_demand"] <= r["out_bytes"] // 10, r  # ... and the spill used them
+
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_compute_sanitizer(work, tool):
     san = shutil.which("compute-sanitizer") or str(work["cuda"] / "bin" / "compute-sanitizer")
