@@ -30,35 +30,11 @@ import pytest
 
 from build_tools import tf_allocator_build as tab
 from build_tools.tools import find_tool
-from build_tools.tf_allocator_build import python_overlay
+from build_tools.tf_allocator_build import LMS_TESTS, WRITERS_TEST as WRITERS, python_overlay
 
 REPO = Path(__file__).resolve().parent.parent
 TAG = "v2.14.1"
 
-LMS_TESTS = [
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/0",
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/1",
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/2",
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/3",
-    "LmsBfc.TwiceTheDeviceRefusedWithoutLms",
-    "LmsBfc.SpilledDataUsableInPlaceAndBroughtBack",
-    "LmsBfc.TouchChangesTheVictim",
-    "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
-    "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
-    "LmsBfc.FragmentationWithoutDefragIsServedBySpilling",
-    "LmsBfc.HostLimitErrorNamesTheVariable",
-    "LmsBfc.AFailedPageMoveLosesNothing",
-    "LmsBfc.RandomWorkloadBytesIntact",
-    "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
-    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",
-    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/1",
-    "LmsBfc.PageAndReserveSettings",
-    "LmsBfc.SpillAtTheHostLimitWaitsForThePageBeingMade",
-    "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
-    "LmsBfc.PlainSubAllocatorKeepsLmsOff",
-    "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
-]
-WRITERS = "LmsBfc.WritersOnOtherThreadsWhilePagesMove"
 CPU_OUT = REPO / "build" / "tf_allocator" / "cpu-ci"
 
 
@@ -115,7 +91,7 @@ def test_allocator_conformance_cpu(tree, tmp_path):
     # TensorFlow's own tests (25 on v2.14.1; parameterized ones on both
     # sub-allocator kinds: plain and page-mapped).
     assert len(upstream) >= 25, sorted(res)
-    for name in upstream + LMS_TESTS:
+    for name in upstream + list(LMS_TESTS):
         assert res.get(name) in ("completed", "run"), (name, res.get(name), summary)
     # The messages users see.
     assert "TF_GPU_HOST_MEM_LIMIT_IN_MB=" in r.stdout

@@ -25,36 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from build_tools.tf_allocator_build import gtest_results
+from build_tools.tf_allocator_build import LMS_TESTS, WRITERS_TEST as WRITERS, gtest_results
 
 REPO = Path(__file__).resolve().parents[3]
 BUNDLE = Path(os.environ.get("TF_LMS_ALLOCATOR_BUNDLE", REPO / ".device" / "tf"))
 BINARY = BUNDLE / "tf_lms_allocator_test"
 
-MUST_PASS = [
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/0",
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/1",
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/2",
-    "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/3",
-    "LmsBfc.TwiceTheDeviceRefusedWithoutLms",
-    "LmsBfc.SpilledDataUsableInPlaceAndBroughtBack",
-    "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
-    "LmsBfc.FragmentationWithoutDefragHintsToEnableIt",
-    "LmsBfc.HostLimitErrorNamesTheVariable",
-    "LmsBfc.AFailedPageMoveLosesNothing",
-    "LmsBfc.RandomWorkloadBytesIntact",
-    "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
-    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/0",
-    "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth/1",
-    "LmsBfc.PageAndReserveSettings",
-    "LmsBfc.SpillAtTheHostLimitWaitsForThePageBeingMade",
-    "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
-    "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
-]
 # gtest skips the writers test when the launch gate is inactive; only a missing CUPTI library
 # (reason 1) is the machine's fault rather than the code's
 NO_CUPTI = "launch gate inactive (reason 1"
-WRITERS = "LmsBfc.WritersOnOtherThreadsWhilePagesMove"
 
 
 @pytest.mark.gpu
@@ -71,7 +50,7 @@ def test_tensorflow_lms_allocator_on_gpu(tmp_path):
     res = gtest_results(xml)
     upstream = [n for n in res if n.startswith("GPUBFCAllocator") and ".DISABLED_" not in n]
     assert len(upstream) >= 25, res
-    for name in upstream + MUST_PASS:
+    for name in upstream + list(LMS_TESTS):
         if name == WRITERS and res.get(name) == "skipped" and NO_CUPTI in r.stdout:
             warnings.warn("the writers test was skipped: no CUPTI library on this machine")
             continue
@@ -85,6 +64,7 @@ def test_tensorflow_lms_allocator_on_gpu(tmp_path):
 # move: exactly the accesses memcheck must see clean).
 SANITIZED = ":".join([
     "LmsBfc.SpilledDataUsableInPlaceAndBroughtBack",
+    "LmsBfc.AFailedPageMoveLosesNothing",
     "LmsBfc.DefragRemapsFreePagesWithoutMovingTensors",
     "LmsBfc.RandomWorkloadBytesIntact",
     "LmsBfc.BackwardFreesReturnSpilledDataInBatches",
