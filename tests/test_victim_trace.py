@@ -17,13 +17,12 @@ import victim_trace as vt  # noqa: E402
 RESULTS = REPO / "examples" / "pytorch" / "benchmarks" / "results" / "h100-run137"
 
 
-@pytest.fixture(scope="module")
-def trace():
+def _trace(foreach=None):
     torch.manual_seed(0)
     nn = torch.nn
     model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
                             for _ in range(4)])
-    opt = torch.optim.AdamW(model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), foreach=foreach)
     x = torch.randn(128, 256)
 
     def step():
@@ -33,6 +32,11 @@ def trace():
 
     step()                                   # optimizer state exists before the traced step
     return vt.record_step(step, device_type="cpu")
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return _trace()
 
 
 def test_trace_is_consistent(trace):
@@ -62,11 +66,34 @@ def test_policies_move_nothing_when_the_step_fits_and_something_when_not(trace):
         vt.simulate(trace, peak, "random")
 
 
-@pytest.mark.parametrize("replayed", [RESULTS, RESULTS.parent / "h100-run149"])
+def test_framework_classes_are_what_the_framework_knows():
+    """The framework-classes policy's classes: the optimizer's state and the gradients (needed at
+    the optimizer step), the tensors saved for the backward pass, the rest. AdamW as on CUDA
+    (foreach), where the H100 traces' optimizer phase starts at its first _foreach_ op."""
+    trace = _trace(foreach=True)
+    bwd, opt = vt.phases(trace)
+    ops = trace["ops"]
+    assert 0 < bwd < opt < len(ops)
+    assert ops[bwd][0].startswith("ones_like") and ops[opt][0].startswith("_foreach_")
+    cls = vt.block_classes(trace)
+    made = {b: i for i, op in enumerate(ops) for b in op[2]}
+    pre = set(trace["pre"])
+    state = [b for b, c in cls.items() if c == 0 and b in pre]
+    grads = [b for b, c in cls.items() if c == 0 and b not in pre]
+    saved = [b for b, c in cls.items() if c == 1]
+    assert len(state) >= 2 * 16                  # AdamW's exp_avg and exp_avg_sq per parameter
+    assert len(grads) >= 16 and all(bwd <= made[b] < opt for b in grads)
+    assert saved and all(made[b] < bwd for b in saved)
+    params = pre - set(state)
+    assert len(params) >= 16 and not params & set(cls)   # parameters are in the rest
+
+
+@pytest.mark.parametrize("replayed", [RESULTS, RESULTS.parent / "h100-run149",
+                                      RESULTS.parent / "h100-run160"])
 def test_recorded_h100_traces_replay_as_recorded(replayed):
     """The traces of run 137 replay to the numbers recorded with them (run 137's README) and to
-    the later replay with the free-order policies (run 149's README): the simulation is
-    deterministic."""
+    the later replays with the free-order policies (run 149's README) and the framework-classes
+    policy (run 160's README): the simulation is deterministic."""
     for model in ("llama", "vit-l", "resnet50"):
         with gzip.open(RESULTS / f"trace-{model}.json.gz", "rt") as f:
             tr = json.load(f)

@@ -23,6 +23,10 @@ is made by moving blocks out that the current op does not use, chosen by
   from the previous step on its own;
 - ``free-order-kept-last``: the same, but blocks that outlive the step (weights, optimizer
   state) go last, in allocation order;
+- ``framework-classes``: what the framework knows of each block without watching its uses
+  (block_classes): first the blocks needed at the optimizer step (its state, the gradients),
+  then the tensors saved for the backward pass, earliest saved first (needed last), then the
+  rest, each class in allocation order;
 
 and prints the bytes moved out and in per policy, with the PCIe-bound time of those moves
 (FACTS.md: 54 GB/s out, 53 GB/s in).  Whole blocks, no partial pages, no compute overlap: it
@@ -43,7 +47,8 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-POLICIES = ("alloc-order", "use-lru", "next-use", "free-order", "free-order-kept-last")
+POLICIES = ("alloc-order", "use-lru", "next-use", "free-order", "free-order-kept-last",
+            "framework-classes")
 OUT_BPS, IN_BPS = 54e9, 53e9  # FACTS.md: device->pinned host, pinned host->device
 
 
@@ -140,6 +145,49 @@ def peak_live_bytes(trace: dict) -> int:
     return peak
 
 
+def phases(trace: dict) -> tuple:
+    """(first backward op, first optimizer op) of a traced step: the backward pass starts with
+    the loss's seed gradient, the last ``ones_like`` before the first ``*backward*`` op (some
+    backward formulas, a mean's for one, run as plain ops), or that op where there is none;
+    AdamW's update at its first ``_foreach_`` op (foreach is its default on CUDA); len(ops)
+    where the step has none."""
+    names = [op[0] for op in trace["ops"]]
+    n = len(names)
+    bwd = next((i for i, nm in enumerate(names) if "backward" in nm), n)
+    bwd = next((i for i in range(bwd - 1, -1, -1) if names[i].startswith("ones_like")), bwd)
+    opt = next((i for i, nm in enumerate(names) if nm.startswith("_foreach_") and i > bwd), n)
+    return bwd, opt
+
+
+def block_classes(trace: dict) -> Dict[int, int]:
+    """What the framework knows about each block without watching uses, as victim classes:
+    0, needed at the optimizer step (the optimizer's state; gradients, which autograd makes in
+    the backward pass for the step); 1, saved in the forward pass for the backward pass (the
+    activation layer's pack hook sees them); blocks not listed: the rest (parameters,
+    temporaries).  The replay reads the classes off the trace's phases."""
+    bwd, opt = phases(trace)
+    first: Dict[int, int] = {}
+    last: Dict[int, int] = {}
+    made: Dict[int, int] = {}
+    for i, (_n, uses, news, _d) in enumerate(trace["ops"]):
+        for b in news:
+            made[b] = i
+        for b in news + uses:
+            first.setdefault(b, i)
+            last[b] = i
+    pre = set(trace.get("pre", []))
+    out: Dict[int, int] = {}
+    for b, f in first.items():
+        if b in pre:
+            if f >= opt:
+                out[b] = 0                       # optimizer state
+        elif made.get(b, -1) < bwd <= last[b]:
+            out[b] = 1                           # saved for the backward pass
+        elif bwd <= made.get(b, -1) < opt <= last[b]:
+            out[b] = 0                           # a gradient
+    return out
+
+
 def simulate(trace: dict, capacity: int, policy: str) -> dict:
     """Replays the trace on a device of ``capacity`` bytes; returns bytes moved out and in, the
     number of moves, and ops that could not run (their blocks alone exceed the capacity)."""
@@ -177,7 +225,13 @@ def simulate(trace: dict, capacity: int, policy: str) -> dict:
     used = 0
     out_b = in_b = moves = stuck = 0
 
+    klass = block_classes(trace) if policy == "framework-classes" else {}
+    big = 4 * (len(ops) + len(sizes) + 2)
+
     def key(b, i):
+        if policy == "framework-classes":   # needed at the optimizer step, then saved, then the rest
+            c = klass.get(b, 2)
+            return c * big + alloc_time[b] + len(sizes) + 1
         if policy == "alloc-order":
             return alloc_time[b]
         if policy == "use-lru":
