@@ -390,7 +390,6 @@ def test_bandwidth(work, first_pages):
             assert first["made_on_demand"] == 0, first
 
 
-
 def test_host_pages_made_ahead_match_segments_made_before_lms(work):
     """LMS switched on when a large block already lies in an expandable segment of upstream's
     20 MiB page (LMS's own segments get larger pages): the host pages made ahead are of the page
@@ -406,6 +405,7 @@ def test_host_pages_made_ahead_match_segments_made_before_lms(work):
     assert r["out_bytes"] >= 2 << 30, r                   # the 20 MiB-page block spilled
     assert r["pool_idle_bytes"] >= r["out_bytes"] // 2, r  # the filler had made pages ahead
     assert r["made_on_demand"] <= r["out_bytes"] // 10, r  # ... and the spill used them
+
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_compute_sanitizer(work, tool):
