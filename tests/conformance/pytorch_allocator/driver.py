@@ -497,7 +497,8 @@ def sc_foreign(L, limit_mb="1024", seconds="60", passes="64", mb="128"):
 def sc_remap_failure(L):
     """One page move fails partway (PYTORCH_LMS_TEST_FAIL_REMAP, set by the test, fails the Nth
     remap after its unmap, as an out-of-memory cuMemMap would). 8 blocks of 240 MiB fit a 2 GiB
-    limit on both tags' pages (v1.13.1 rounds each block's segment up to 20 MiB); a 9th spills. Then 4 blocks are freed and the cache emptied, which brings pages back.
+    limit on both tags' pages (v1.13.1 rounds each block's segment up to 20 MiB); a 9th spills.
+    Then 4 blocks are freed and the cache emptied, which brings pages back.
     Reports whether the 9th was served, every block's bytes after it and at the end, the pages
     each phase moved and the host bytes bookkeeping."""
     L.settings("lms:True,lms_limit_mb:2048")

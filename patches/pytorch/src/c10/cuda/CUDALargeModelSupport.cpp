@@ -110,7 +110,7 @@ struct DeviceStats {
   std::array<std::atomic<int64_t>, kNumStats> v{};
   std::atomic<int64_t> host_peak{0};
   std::atomic<size_t> total_memory{0}; // the device's, once asked
-  std::atomic<size_t> large_page{0}; // of the last large segment made
+  std::atomic<size_t> large_page{0}; // large_page_bytes' last answer
 };
 std::array<DeviceStats, kMaxDevices>& all_stats() {
   static std::array<DeviceStats, kMaxDevices> s;

@@ -506,6 +506,29 @@ void LmsVirtualMemSubAllocator::Free(void* ptr, size_t num_bytes) {
   if (last == next_page_) next_page_ = first;
 }
 
+Status LmsVirtualMemSubAllocator::MoveRun(
+    size_t i, bool to_host, const std::vector<LmsPageBackend::PageHandle>& to) {
+  const size_t n = to.size();
+  std::vector<LmsPageBackend::PageHandle> from;
+  for (size_t k = i; k < i + n; ++k) from.push_back(pages_[k].handle);
+  Status s = backend_->Remap(base_ + i * page_size_, n, to_host, from, to);
+  if (!s.ok()) {
+    for (auto h : to) RecyclePage(to_host, h);
+    return s;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    RecyclePage(!to_host, from[k]);
+    pages_[i + k].state = to_host ? PageState::kHost : PageState::kDevice;
+    pages_[i + k].handle = to[k];
+  }
+  size_t& gained = to_host ? host_mapped_ : device_mapped_;
+  size_t& lost = to_host ? device_mapped_ : host_mapped_;
+  lost -= n;
+  gained += n;
+  peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
+  return OkStatus();
+}
+
 Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
                                              size_t* pages_spilled) {
   const AddElapsedNs timer(&spill_ns_);
@@ -530,22 +553,7 @@ Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
       ++j;
     }
     if (j > i) {
-      std::vector<LmsPageBackend::PageHandle> from;
-      for (size_t k = i; k < j; ++k) from.push_back(pages_[k].handle);
-      Status s = backend_->Remap(base_ + i * page_size_, j - i,
-                                 /*to_host=*/true, from, to);
-      if (!s.ok()) {
-        for (auto h : to) RecyclePage(true, h);
-        return s;
-      }
-      for (size_t k = i; k < j; ++k) {
-        RecyclePage(false, pages_[k].handle);
-        pages_[k].state = PageState::kHost;
-        pages_[k].handle = to[k - i];
-      }
-      device_mapped_ -= j - i;
-      host_mapped_ += j - i;
-      peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
+      TF_RETURN_IF_ERROR(MoveRun(i, /*to_host=*/true, to));
       *pages_spilled += j - i;
     }
     if (!budget.ok()) return budget;
@@ -575,21 +583,7 @@ Status LmsVirtualMemSubAllocator::FetchRange(const void* p, size_t bytes,
       ++j;
     }
     if (j == i) return OkStatus();  // No device page available.
-    std::vector<LmsPageBackend::PageHandle> from;
-    for (size_t k = i; k < j; ++k) from.push_back(pages_[k].handle);
-    Status s = backend_->Remap(base_ + i * page_size_, j - i,
-                               /*to_host=*/false, from, to);
-    if (!s.ok()) {
-      for (auto h : to) RecyclePage(false, h);
-      return s;
-    }
-    for (size_t k = i; k < j; ++k) {
-      RecyclePage(true, pages_[k].handle);
-      pages_[k].state = PageState::kDevice;
-      pages_[k].handle = to[k - i];
-    }
-    host_mapped_ -= j - i;
-    device_mapped_ += j - i;
+    TF_RETURN_IF_ERROR(MoveRun(i, /*to_host=*/false, to));
     *pages_fetched += j - i;
     i = j;
   }

@@ -298,6 +298,12 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
                 size_t* last) const;
   Status TakePage(bool host, LmsPageBackend::PageHandle* h);
   void RecyclePage(bool host, LmsPageBackend::PageHandle h);
+  // Moves pages [i, i + to.size()), all on the other side now, onto the
+  // pages 'to' (host pages when 'to_host'), and recycles the pages they were
+  // on.  On an error every page stays where it was (LmsPageBackend::Remap)
+  // and the pages 'to' are recycled.
+  Status MoveRun(size_t i, bool to_host,
+                 const std::vector<LmsPageBackend::PageHandle>& to);
   Status MapFresh(size_t index, bool host);
   void BeginQuiet();
   void EndQuiet();
