@@ -46,6 +46,7 @@ CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 # Files of the (LMS) tree the program needs.
 TREE_HEADERS = [
     "tensorflow/tsl/framework/bfc_allocator.h",
+    "tensorflow/tsl/framework/bfc_chunk_handle_table.h",
     "tensorflow/tsl/framework/lms_sub_allocator.h",
     "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.h",
     "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h",
@@ -53,6 +54,7 @@ TREE_HEADERS = [
 TREE_SOURCES = [
     "tensorflow/tsl/framework/bfc_allocator.cc",
     "tensorflow/tsl/framework/bfc_allocator_lms.cc",
+    "tensorflow/tsl/framework/bfc_chunk_handle_table.cc",
     "tensorflow/tsl/framework/lms_posix_page_backend.cc",
     "tensorflow/tsl/framework/lms_sub_allocator.cc",
     "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.cc",
@@ -295,7 +297,7 @@ def build(tree: Path, target: str = "cpu", out: Path | None = None,
     obj = objdir / "upstream_gpu_bfc_allocator_test.o"
     jobs_list.append(([cxx, *common, *up_flags, "-c", str(adapted), "-o", str(obj)], adapted, obj))
     support = "lms_test_support_cuda.cc" if target == "cuda" else "lms_test_support_cpu.cc"
-    for name in ("lms_bfc_allocator_test.cc", support):
+    for name in ("lms_bfc_allocator_test.cc", "bfc_chunk_handle_table_test.cc", support):
         src = CONFORMANCE / name
         obj = objdir / (src.stem + ".o")
         jobs_list.append(([cxx, *common, "-c", str(src), "-o", str(obj)], src, obj))
@@ -355,9 +357,10 @@ def run_tests(binary: Path, gtest_filter: str | None = None,
     return subprocess.run(cmd, env={**os.environ, **(env or {})}).returncode
 
 
-# The LMS tests the program holds (CONFORMANCE / lms_bfc_allocator_test.cc), every one of which
-# must pass wherever the program runs: on the CPU (tests/test_tensorflow_allocator.py) and on a
-# GPU (tests/conformance/tensorflow_allocator). A test dropped from the build fails both.
+# The LMS tests the program holds (CONFORMANCE / lms_bfc_allocator_test.cc and
+# bfc_chunk_handle_table_test.cc), every one of which must pass wherever the program runs: on the
+# CPU (tests/test_tensorflow_allocator.py) and on a GPU (tests/conformance/tensorflow_allocator).
+# A test dropped from the build fails both.
 LMS_TESTS = (
     "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/0",
     "AllowGrowthAndGc/LmsOversubscription.TwiceTheDeviceServedWithLmsBytesIntact/1",
@@ -380,6 +383,7 @@ LMS_TESTS = (
     "LmsBfc.HostPagesMadeAheadWithinTheHostBudget",
     "LmsBfc.PlainSubAllocatorKeepsLmsOff",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
+    "BfcChunkHandleTable.OnlyWrittenSlotsTakeMemoryAndGrowthKeepsThem",
 )
 # gtest skips the writers test where the launch gate is inactive
 WRITERS_TEST = "LmsBfc.WritersOnOtherThreadsWhilePagesMove"

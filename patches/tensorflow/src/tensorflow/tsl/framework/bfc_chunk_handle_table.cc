@@ -1,0 +1,96 @@
+/* Copyright 2026 The LMS Project Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+#include "tensorflow/tsl/framework/bfc_chunk_handle_table.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include "tensorflow/tsl/platform/logging.h"
+
+namespace tsl {
+namespace {
+
+size_t HostPageBytes() {
+#if defined(__linux__)
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+#else
+  return 4096;
+#endif
+}
+
+// Zero-filled memory of 'bytes' that starts with the 'old_bytes' at 'old'
+// (nullptr: none) and replaces them; nullptr (and 'old' kept) on failure.
+void* GrowZeroed(void* old, size_t old_bytes, size_t bytes) {
+#if defined(__linux__)
+  // Fresh anonymous pages read as zero and take no memory until written;
+  // mremap moves the old pages instead of copying them.
+  void* p = old == nullptr ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                           : mremap(old, old_bytes, bytes, MREMAP_MAYMOVE);
+  return p == MAP_FAILED ? nullptr : p;
+#else
+  void* p = std::calloc(bytes, 1);
+  if (p != nullptr && old != nullptr) {
+    std::memcpy(p, old, old_bytes);
+    std::free(old);
+  }
+  return p;
+#endif
+}
+
+void FreeZeroed(void* p, size_t bytes) {
+  if (p == nullptr) return;
+#if defined(__linux__)
+  munmap(p, bytes);
+#else
+  std::free(p);
+#endif
+}
+
+}  // namespace
+
+BfcChunkHandleTable::~BfcChunkHandleTable() { FreeZeroed(slots_, bytes_); }
+
+void BfcChunkHandleTable::Resize(size_t n) {
+  if (n <= size_) return;
+  const size_t need = n * sizeof(size_t);
+  if (need > bytes_) {
+    const size_t page = HostPageBytes();
+    const size_t bytes = (need + page - 1) / page * page;
+    void* p = GrowZeroed(slots_, bytes_, bytes);
+    CHECK(p != nullptr) << "BFC allocator: no host memory for the chunk "
+                           "handles of a region of "
+                        << (n >> 12) << " MiB (" << bytes << " bytes)";
+    slots_ = static_cast<size_t*>(p);
+    bytes_ = bytes;
+  }
+  size_ = n;
+}
+
+void BfcChunkHandleTable::Swap(BfcChunkHandleTable* other) {
+  std::swap(slots_, other->slots_);
+  std::swap(size_, other->size_);
+  std::swap(bytes_, other->bytes_);
+}
+
+}  // namespace tsl
