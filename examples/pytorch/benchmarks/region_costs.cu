@@ -8,14 +8,15 @@
 // Prints one JSON object (three rounds).
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <chrono>
+
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s_; cuGetErrorString(r_, &s_); std::fprintf(stderr, "%d %s: %s\n", __LINE__, #x, s_); std::exit(2);} } while (0)
-using Clock = std::chrono::steady_clock;
-static double since(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+
+#include "vmm_probe.h"
+
+static double since(Clock::time_point a) { return secs(a, Clock::now()); }
+
 int main(int argc, char** argv) {
   const size_t total = size_t((argc > 1 ? std::atof(argv[1]) : 8.0) * (1 << 30));
   const size_t page = size_t((argc > 2 ? std::atof(argv[2]) : 64.0) * (1 << 20));

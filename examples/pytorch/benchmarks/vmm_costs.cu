@@ -28,32 +28,9 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      const char* s_ = nullptr;                                            \
-      cuGetErrorString(r_, &s_);                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);  \
-      std::exit(2);                                                        \
-    }                                                                      \
-  } while (0)
-#define RK(x)                                                              \
-  do {                                                                     \
-    cudaError_t r_ = (x);                                                  \
-    if (r_ != cudaSuccess) {                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,       \
-                   cudaGetErrorString(r_));                                \
-      std::exit(2);                                                        \
-    }                                                                      \
-  } while (0)
+#include "vmm_probe.h"
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double secs(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 int g_dev = 0;
 int g_numa = 0;

@@ -29,13 +29,14 @@ limitations under the License.
 namespace tsl {
 namespace {
 
-size_t HostPageBytes() {
+// The memory that holds 'n' slots: whole host pages.
+size_t MappedBytes(size_t n) {
 #if defined(__linux__)
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return page;
 #else
-  return 4096;
+  constexpr size_t page = 4096;
 #endif
+  return (n * sizeof(size_t) + page - 1) / page * page;
 }
 
 // Zero-filled memory of 'bytes' that starts with the 'old_bytes' at 'old'
@@ -69,20 +70,20 @@ void FreeZeroed(void* p, size_t bytes) {
 
 }  // namespace
 
-BfcChunkHandleTable::~BfcChunkHandleTable() { FreeZeroed(slots_, bytes_); }
+BfcChunkHandleTable::~BfcChunkHandleTable() {
+  FreeZeroed(slots_, MappedBytes(size_));
+}
 
 void BfcChunkHandleTable::Resize(size_t n) {
   if (n <= size_) return;
-  const size_t need = n * sizeof(size_t);
-  if (need > bytes_) {
-    const size_t page = HostPageBytes();
-    const size_t bytes = (need + page - 1) / page * page;
-    void* p = GrowZeroed(slots_, bytes_, bytes);
+  const size_t old_bytes = MappedBytes(size_);
+  const size_t bytes = MappedBytes(n);
+  if (bytes > old_bytes) {
+    void* p = GrowZeroed(slots_, old_bytes, bytes);
     CHECK(p != nullptr) << "BFC allocator: no host memory for the chunk "
                            "handles of a region of "
                         << (n >> 12) << " MiB (" << bytes << " bytes)";
     slots_ = static_cast<size_t*>(p);
-    bytes_ = bytes;
   }
   size_ = n;
 }
@@ -90,7 +91,6 @@ void BfcChunkHandleTable::Resize(size_t n) {
 void BfcChunkHandleTable::Swap(BfcChunkHandleTable* other) {
   std::swap(slots_, other->slots_);
   std::swap(size_, other->size_);
-  std::swap(bytes_, other->bytes_);
 }
 
 }  // namespace tsl

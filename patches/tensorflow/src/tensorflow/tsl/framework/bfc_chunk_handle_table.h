@@ -57,9 +57,8 @@ class BfcChunkHandleTable {
  private:
   void Swap(BfcChunkHandleTable* other);
 
-  size_t* slots_ = nullptr;
+  size_t* slots_ = nullptr;  // MappedBytes(size_) of zero-filled memory
   size_t size_ = 0;
-  size_t bytes_ = 0;  // of zero-filled memory at slots_ (whole pages)
 };
 
 }  // namespace tsl
