@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Benchmark: the training loops people run (loops.py), stock vs save_on_cpu vs torchtune's
+OffloadActivations vs LMS activation swapping, at multiples of stock's largest batch.
+
+Each configuration runs in its own child process (children.py: a crash, a CUDA OOM or the
+host's OOM killer ends only that configuration) for ``--steps`` iterations, the first
+``--warmup`` of them untimed; every iteration must pass.  Modes (the same defaults for
+every loop, ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for all):
+
+  stock        plain training
+  save_on_cpu  torch.autograd.graph.save_on_cpu(pin_memory=True) around forward
+  torchtune    torchtune.training.OffloadActivations() around forward, where it loads
+  lms          lms_swap.swapping() around forward (this repository's layer, defaults)
+
+Per timed iteration the child records its time and, for lms, the bytes moved each way and
+the eviction net's interventions.  The bound of an iteration is
+``max(compute, S_out / 54 GB/s + S_in / 53 GB/s)`` (FACTS.md), with compute = stock's time
+for the same iteration at 1.0x scaled by the units processed; a run's fraction of the
+bound is the sum of its iterations' bounds over the sum of their times.
+
+Each run appends one JSON line per configuration to ``--record`` (commit, machine, torch,
+configuration, every counter) and rewrites the table ``--table`` from all records of the
+commit it ran; nobody copies figures by hand.
+
+    python bench_loops.py --loops ckpt-decoder varlen-decoder --scales 1.0 1.5 2.0
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
+sys.path.insert(0, str(HERE))
+
+from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
+from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
+
+ALLOC_CONF = "expandable_segments:True"
+RECORD = HERE / "records" / "loops.jsonl"
+TABLE = HERE / "RESULTS-loops.md"
+LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard.evicted_bytes",
+                "guard.ooms_caught", "swap.fetched_on_demand", "swap.guard_fetched",
+                "optim.out_bytes", "optim.in_bytes", "optim.net_evicted_bytes")
+
+
+# ----------------------------------------------------------------------------- child
+def load_torchtune_offload():
+    """torchtune's OffloadActivations class: from the installed package, else from its
+    module file alone (torchtune's package imports its data stack, which the GPU machine
+    lacks; the offloading module needs only torch, torchao and TiedLinear)."""
+    try:
+        from torchtune.training import OffloadActivations
+        return OffloadActivations, "torchtune package"
+    except Exception as e:  # noqa: BLE001  (what failed is reported in the record)
+        first = f"{type(e).__name__}: {e}"
+    import importlib.util
+    import types
+    root = None
+    for base in sys.path:
+        cand = pathlib.Path(base) / "torchtune" / "training" / "_activation_offloading.py"
+        if cand.is_file():
+            root = cand.parents[1]
+            break
+    if root is None:
+        raise RuntimeError(f"torchtune not importable ({first}) and its files not found")
+    pkg = types.ModuleType("torchtune")
+    pkg.__path__ = [str(root)]
+    sys.modules.setdefault("torchtune", pkg)
+    mods = types.ModuleType("torchtune.modules")
+    spec = importlib.util.spec_from_file_location("torchtune.modules.tied_linear",
+                                                  root / "modules" / "tied_linear.py")
+    tl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tl)
+    mods.TiedLinear = tl.TiedLinear
+    sys.modules["torchtune.modules"] = mods
+    spec = importlib.util.spec_from_file_location(
+        "torchtune.training._activation_offloading", root / "training" / "_activation_offloading.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.OffloadActivations, f"module file alone (package: {first[:120]})"
+
+
+def child(args):
+    import torch
+    import loops
+
+    result = {"loop": args.loop, "mode": args.mode, "batch": args.batch, "status": "ok"}
+    lms = None
+    if args.mode == "lms":
+        from lms_swap_loader import load_lms_swap
+        lms = load_lms_swap(prefer_patched=False)
+        ctx = lms.swapping
+    elif args.mode == "save_on_cpu":
+        def ctx():
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    elif args.mode == "torchtune":
+        cls, how = load_torchtune_offload()
+        result["torchtune_loaded_from"] = how
+        ctx = cls
+    else:
+        ctx = contextlib.nullcontext
+
+    def counters():
+        if lms is None:
+            return {}
+        st = lms.stats()
+        return {k: int(st.get(k) or 0) for k in LMS_COUNTERS}
+
+    steps = []
+    try:
+        loop = loops.build(args.loop, args.batch)
+        result["unit"] = loop.unit
+        before = counters()
+        for i in range(args.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            kind, units = loop.step(i, ctx)
+            torch.cuda.synchronize()
+            rec = {"i": i, "kind": kind, "units": units, "s": time.perf_counter() - t0,
+                   "timed": i >= args.warmup}
+            now = counters()
+            rec.update({k: now[k] - before.get(k, 0) for k in now})
+            before = now
+            steps.append(rec)
+            print("STEP " + json.dumps(rec), flush=True)
+        if lms is not None:
+            result["lms_stats"] = {k: v for k, v in lms.stats().items() if v is not None}
+    except torch.OutOfMemoryError as e:
+        kind = type(e).__name__
+        result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
+        result["error"] = str(e)[:600]
+    except Exception as e:  # noqa: BLE001  (a loop that breaks is a result, not a crash)
+        result["status"] = f"error: {type(e).__name__}"
+        result["error"] = str(e)[:600]
+    result["steps"] = steps
+    result["steps_done"] = len(steps)
+    result["peak_alloc"] = torch.cuda.max_memory_allocated()
+    result["peak_reserved"] = torch.cuda.max_memory_reserved()
+    result["peak_host_rss"] = peak_rss()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def child_search(args):
+    import loops
+    import zoo
+    lo, hi = args.search
+    best = zoo.largest_batch(lambda b: loops.fits(args.loop, b), lo, hi)
+    print("RESULT " + json.dumps({"max_batch": best}), flush=True)
+
+
+# ----------------------------------------------------------------------------- parent
+def add_bound(row, stock_row):
+    """Fraction of the PCIe bound (in place), iteration by iteration against stock's same
+    iteration at 1.0x."""
+    if row.get("status") != "ok":
+        return
+    timed = [s for s in row["steps"] if s["timed"]]
+    base = {s["i"]: s for s in (stock_row or {}).get("steps", [])}
+    total_s = sum(s["s"] for s in timed)
+    bound = copy = 0.0
+    for s in timed:
+        c = pcie_step_s(s.get("swap.out_bytes", 0) + s.get("optim.out_bytes", 0),
+                        s.get("swap.in_bytes", 0) + s.get("optim.in_bytes", 0), FACTS_RATES)
+        b = base.get(s["i"])
+        comp = b["s"] * s["units"] / b["units"] if b else 0.0
+        bound += max(comp, c)
+        copy += c
+    row["timed_s"] = total_s
+    row["units_per_s"] = sum(s["units"] for s in timed) / total_s if total_s else None
+    row["bound_has_compute"] = bool(base)
+    row["frac_of_bound"] = bound / total_s if total_s else None
+    row["copy_s"] = copy
+    row["net_interventions"] = sum(s.get("guard.ooms_caught", 0) for s in timed)
+    row["net_interventions_all"] = sum(s.get("guard.ooms_caught", 0) for s in row["steps"])
+    row["out_gb_per_iter"] = sum(s.get("swap.out_bytes", 0) + s.get("optim.out_bytes", 0)
+                                 for s in timed) / max(1, len(timed)) / 1e9
+    row["in_gb_per_iter"] = sum(s.get("swap.in_bytes", 0) + s.get("optim.in_bytes", 0)
+                                for s in timed) / max(1, len(timed)) / 1e9
+
+
+def machine():
+    info = {"host": platform.node(), "python": platform.python_version()}
+    try:
+        import subprocess
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        info["gpu"] = q.stdout.strip()
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def write_table(path, records):
+    commit = records[-1]["commit"] if records else "?"
+    rows = [r for r in records if r["commit"] == commit]
+    lines = [
+        "# Training loops: stock vs save_on_cpu vs torchtune vs LMS activation swapping", "",
+        f"Written by bench_loops.py from `records/loops.jsonl` (commit {commit}; "
+        f"{rows[0]['machine'].get('gpu', '?') if rows else '?'}). Command: "
+        f"`{rows[-1]['command'] if rows else ''}`", "",
+        "Fraction of bound: sum over timed iterations of max(stock's time for the same "
+        "iteration at 1.0x scaled by units, bytes out/54 GB/s + in/53 GB/s), over their "
+        "time. Net interventions: out-of-memory errors the eviction net caught in the timed "
+        "iterations (all iterations in brackets).", "",
+        "| loop | scale | batch | mode | result | iterations | units/s | vs stock 1.0x | % of bound | net interventions | out / in GB per iter | peak GPU GiB | peak host GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    stock = {r["loop"]: r for r in rows if r["mode"] == "stock" and r["scale"] == 1.0
+             and r.get("status") == "ok"}
+    for r in rows:
+        ok = r.get("status") == "ok"
+        ups = r.get("units_per_s")
+        s1 = stock.get(r["loop"], {}).get("units_per_s")
+        lines.append("| " + " | ".join([
+            r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
+            r.get("status", "?") + ("" if ok else f": {str(r.get('error', ''))[:90]}").replace("|", "/").replace("\n", " "),
+            str(r.get("steps_done", "-")),
+            f"{ups:.0f} {r.get('unit', '')}" if ok and ups else "-",
+            f"{100 * ups / s1:.1f}%" if ok and ups and s1 else "-",
+            (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
+            if ok and r.get("frac_of_bound") and r["mode"] != "stock" else "-",
+            f"{r['net_interventions']} ({r['net_interventions_all']})" if ok and r["mode"] == "lms" else "-",
+            f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] == "lms" else "-",
+            f"{r['peak_alloc'] / GiB:.1f}" if r.get("peak_alloc") else "-",
+            f"{r['peak_host_rss'] / GiB:.1f}" if r.get("peak_host_rss") else "-",
+        ]) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--loop", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--loops", nargs="+", default=None, help="loops.py's loops (default: all)")
+    ap.add_argument("--modes", nargs="+", default=["stock", "save_on_cpu", "torchtune", "lms"])
+    ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 1.5, 2.0])
+    ap.add_argument("--baseline-scales", type=float, nargs="+", default=[1.0],
+                    help="scales at which the modes other than lms run")
+    ap.add_argument("--base-batch", action="append", default=[], metavar="LOOP=N",
+                    help="stock's largest batch for LOOP, found earlier (default: searched)")
+    ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed iterations among them")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
+    ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole run")
+    ap.add_argument("--host-guard-gib", type=float, default=6.0)
+    ap.add_argument("--record", default=str(RECORD), help="JSON Lines file to append to")
+    ap.add_argument("--table", default=str(TABLE), help="markdown table to rewrite")
+    args = ap.parse_args()
+    if args.child:
+        return child_search(args) if args.search else child(args)
+
+    import loops
+    install_stop_handlers()
+    t_begin = time.perf_counter()
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=ALLOC_CONF, PYTHONUNBUFFERED="1")
+    record = pathlib.Path(args.record)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    log = open(record.parent / "bench_loops.log", "a")
+    cmd = "python " + " ".join([os.path.basename(__file__)] + sys.argv[1:])
+    commit = os.environ.get("LMS_COMMIT", "unknown")
+    mach = machine()
+    import torch
+    given = {k: int(v) for k, _, v in (b.partition("=") for b in args.base_batch)}
+    guard = int(args.host_guard_gib * GiB)
+
+    def remaining():
+        return args.budget - (time.perf_counter() - t_begin)
+
+    for name in args.loops or loops.LOOPS:
+        base = given.get(name)
+        if not base:
+            lo, hi = loops.SEARCH[name]
+            r = run_process([sys.executable, __file__, "--child", "--loop", name,
+                             "--search", str(lo), str(hi)], min(600, remaining()), guard, log, env)
+            base = r.get("max_batch")
+            print(f"[{name}] stock's largest batch: {base}", flush=True)
+            if not base:
+                continue
+        stock_row = None
+        for scale in args.scales:
+            batch = max(1, int(round(base * scale)))
+            for mode in args.modes:
+                if mode != "lms" and scale not in args.baseline_scales:
+                    continue
+                row = {"loop": name, "scale": scale, "batch": batch, "mode": mode,
+                       "base_batch": base, "commit": commit, "machine": mach,
+                       "torch": torch.__version__, "command": cmd, "steps_asked": args.steps,
+                       "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
+                if remaining() < 30:
+                    row["status"] = "not run (time budget)"
+                else:
+                    r = run_process([sys.executable, __file__, "--child", "--loop", name,
+                                     "--mode", mode, "--batch", str(batch),
+                                     "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                                    min(args.timeout, remaining()), guard, log, env)
+                    r.pop("results", None)
+                    row.update({k: v for k, v in r.items() if k not in row})
+                if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
+                    stock_row = row
+                add_bound(row, stock_row)
+                with open(record, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                frac = row.get("frac_of_bound")
+                print(f"{name:16s} x{scale:<4} b={batch:<5} {mode:11s} {row.get('status')} "
+                      f"iters {row.get('steps_done')} "
+                      + (f"{row['units_per_s']:.0f} {row.get('unit')} " if row.get("units_per_s") else "")
+                      + (f"{100 * frac:.1f}% of bound " if frac and mode != "stock" else "")
+                      + (f"net {row.get('net_interventions')}({row.get('net_interventions_all')}) "
+                         f"out/in {row.get('out_gb_per_iter', 0):.1f}/{row.get('in_gb_per_iter', 0):.1f} GB"
+                         if mode == "lms" and row.get("status") == "ok" else "")
+                      + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
+                      flush=True)
+    records = [json.loads(x) for x in open(record) if x.strip()]
+    write_table(pathlib.Path(args.table), records)
+    print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The training loops people run, as the "training loops" benchmark (bench_loops.py) and the
+GPU tests run them: unmodified library models, each loop written the way a user writes it.
+
+A loop is built by ``build(name, batch)`` and returns a :class:`Loop`: ``loop.step(i, ctx)``
+runs iteration ``i`` (one optimizer step, or an evaluation pass where the loop has one)
+with ``ctx()`` (the mode's context: stock, ``save_on_cpu``, lms_swap, torchtune's
+offloading) around forward, and returns ``(kind, units)``: ``"train"`` or ``"eval"``, and
+the tokens or images it processed.  Nothing here knows about swapping.
+
+Loops (``LOOPS``):
+
+ckpt-decoder     zoo.py's Llama (12 layers, d=2048, seq 2048) with Hugging Face's
+                 ``gradient_checkpointing_enable()`` (its defaults)
+ckpt-some        the same with torch.utils.checkpoint (non-reentrant) on every other layer
+                 only (a user checkpointing what does not fit)
+varlen-decoder   the same Llama, no checkpointing; the sequence length changes every step
+                 (dynamic padding: a cycle of six lengths up to 2048), an evaluation pass
+                 under ``no_grad`` every 5th iteration and one with autograd on (no
+                 backward) every 10th
+vision-lastbatch torchvision ResNet-50 at 224x224, epochs of 4 batches whose last is short
+                 (0.3 of the batch)
+accum4           timm ViT-L/16 at 224, gradient accumulation over 4 micro-batches per
+                 optimizer step (``batch`` is the micro-batch)
+compiled         torchvision ResNet-50 at 224 under ``torch.compile`` (default mode)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Tuple
+
+import torch
+import torch.nn.functional as F
+
+import zoo
+
+DEV = "cuda"
+VARLEN_CYCLE = (2048, 1024, 1536, 768, 1792, 1280)
+
+# (lo, hi) of stock's largest batch search: lo fits on an 80 GB card, hi does not
+SEARCH = {
+    "ckpt-decoder": (8, 512),
+    "ckpt-some": (4, 256),
+    "varlen-decoder": (1, 128),
+    "vision-lastbatch": (32, 4096),
+    "accum4": (8, 2048),
+    "compiled": (32, 4096),
+}
+LOOPS = tuple(SEARCH)
+
+
+@dataclasses.dataclass
+class Loop:
+    name: str
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    step: Callable[[int, Callable], Tuple[str, int]]
+    unit: str
+
+
+def _gen(seed=0):
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def _opt(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _train(model, opt, loss_of, ctx):
+    """One optimizer step as zoo.train_step runs it (bf16 autocast, ctx around forward)."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        with ctx():
+            loss = loss_of()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _llama(batch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    model, _, _, _ = zoo._decoder(LlamaConfig, LlamaForCausalLM, batch, num_key_value_heads=16)
+    return model
+
+
+def _ckpt_decoder(batch, every_layer=True):
+    model = _llama(batch)
+    if every_layer:
+        model.gradient_checkpointing_enable()
+    else:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper)
+        layers = model.model.layers
+        for i in range(0, len(layers), 2):
+            layers[i] = checkpoint_wrapper(layers[i])
+    model.train()
+    opt = _opt(model)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 2048), device=DEV, generator=_gen())
+
+    def step(i, ctx):
+        _train(model, opt, lambda: model(input_ids=ids, labels=ids).loss, ctx)
+        return "train", batch * 2048
+    return Loop("ckpt-decoder" if every_layer else "ckpt-some", model, opt, step, "tok/s")
+
+
+def _varlen_decoder(batch):
+    model = _llama(batch)
+    opt = _opt(model)
+    gen = _gen()
+    vocab = model.config.vocab_size
+    data = {s: torch.randint(0, vocab, (batch, s), device=DEV, generator=gen)
+            for s in VARLEN_CYCLE}
+
+    def step(i, ctx):
+        if i % 10 == 4 or i % 10 == 9:
+            ids = data[max(VARLEN_CYCLE)]
+            model.eval()
+            grad = torch.enable_grad() if i % 10 == 9 else torch.no_grad()
+            with grad, torch.autocast("cuda", dtype=torch.bfloat16):
+                with ctx():
+                    loss = model(input_ids=ids, labels=ids).loss
+            float(loss)
+            del loss
+            model.train()
+            return "eval", ids.numel()
+        ids = data[VARLEN_CYCLE[i % len(VARLEN_CYCLE)]]
+        _train(model, opt, lambda: model(input_ids=ids, labels=ids).loss, ctx)
+        return "train", ids.numel()
+    return Loop("varlen-decoder", model, opt, step, "tok/s")
+
+
+def _resnet(batch, compiled=False):
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().to(DEV)
+    run = torch.compile(model) if compiled else model
+    opt = _opt(model)
+    gen = _gen()
+    x = torch.randn(batch, 3, 224, 224, device=DEV, generator=gen)
+    y = torch.randint(0, 1000, (batch,), device=DEV, generator=gen)
+    last = max(1, int(batch * 0.3))
+
+    def step(i, ctx):
+        n = last if (not compiled and i % 4 == 3) else batch
+        _train(model, opt, lambda: F.cross_entropy(run(x[:n]), y[:n]), ctx)
+        return "train", n
+    return Loop("compiled" if compiled else "vision-lastbatch", model, opt, step, "img/s")
+
+
+def _accum4(batch):
+    import timm
+    torch.manual_seed(0)
+    model = timm.create_model("vit_large_patch16_224", pretrained=False, num_classes=1000).to(DEV)
+    opt = _opt(model)
+    gen = _gen()
+    xs = [torch.randn(batch, 3, 224, 224, device=DEV, generator=gen) for _ in range(4)]
+    ys = [torch.randint(0, 1000, (batch,), device=DEV, generator=gen) for _ in range(4)]
+
+    def step(i, ctx):
+        opt.zero_grad(set_to_none=True)
+        for x, y in zip(xs, ys):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                with ctx():
+                    loss = F.cross_entropy(model(x), y) / len(xs)
+            loss.backward()
+        opt.step()
+        return "train", batch * len(xs)
+    return Loop("accum4", model, opt, step, "img/s")
+
+
+def build(name: str, batch: int) -> Loop:
+    if name in ("ckpt-decoder", "ckpt-some"):
+        return _ckpt_decoder(batch, every_layer=name == "ckpt-decoder")
+    if name == "varlen-decoder":
+        return _varlen_decoder(batch)
+    if name in ("vision-lastbatch", "compiled"):
+        return _resnet(batch, compiled=name == "compiled")
+    if name == "accum4":
+        return _accum4(batch)
+    raise SystemExit(f"unknown loop {name!r}; known: {', '.join(LOOPS)}")
+
+
+def fits(name: str, batch: int, steps: int = 0) -> bool:
+    """Whether stock PyTorch runs ``steps`` iterations of the loop (default: one cycle of
+    its shapes, at least 4) at ``batch`` without CUDA out of memory."""
+    steps = steps or {"varlen-decoder": 10, "vision-lastbatch": 4}.get(name, 4)
+    loop = None
+    try:
+        loop = build(name, batch)
+        for i in range(steps):
+            loop.step(i, contextlib.nullcontext)
+        torch.cuda.synchronize()
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        loop = None
+        import gc
+        gc.collect()
+        torch.cuda.empty_cache()
