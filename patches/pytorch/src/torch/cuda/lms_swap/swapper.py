@@ -11,7 +11,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .copies import _CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes
+from .copies import (_CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
+                     _plain_bytes)
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
                           _host_total, host_mem_limit_from_env, local_world_size)
 from .forecast import _StepForecast
@@ -226,7 +227,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
     def _pack(self, t: torch.Tensor) -> Any:
         cfg = self.config
         if (cfg.policy == "never" or t.device.type != cfg.device_type
-                or t.layout != torch.strided):
+                or not _plain_bytes(t)):
             return t
         tt = type(t)
         if tt is not torch.Tensor:
