@@ -24,8 +24,12 @@
 // Invariants:
 // - Only a slot whose storage nobody else references is evicted (use_count 1): no tensor
 //   of the program can still reach those bytes.  The copy runs on the current stream of
-//   the allocating thread after the work queued there, into pageable host memory, and
-//   has finished before the device memory is freed.
+//   the allocating thread after the work queued there and after an event recorded when
+//   the slot was made (on the stream then current: a tensor written on a side stream),
+//   into pageable host memory, and has finished before the device memory is freed.
+// - mu_ guards the slots' device tensors and is held only to pick a slot and to commit
+//   its move: nothing waits under it (not the copy, not the wait for host room).  A
+//   slot taken back meanwhile (Slot.device_tensor) stays, and its copy is dropped.
 // - Nothing here calls into Python or takes the GIL (it only asks whether this thread
 //   holds it, before waiting for the pool's releaser).  No tensor is destroyed while mu_
 //   is held (destroying a device tensor enters the allocator).
@@ -51,8 +55,10 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -134,15 +140,25 @@ void host_free(void* p, size_t n) {
   }
 }
 
+// `dev` changes only under the net's mu_ (read it there too: Guard::resident_of); `host`
+// is written before `evicted` is set (release) and never changes after it; nbytes,
+// device and ready are set before the slot is registered.
 struct Slot {
   Resident dev;            // while resident
   HostBuffer host;         // after an eviction
   int64_t nbytes = 0;
   int device = -1;
-  bool evicted = false;
+  std::atomic<bool> evicted{false};
+  bool moving = false;     // claimed by an eviction in progress (under mu_)
+  // recorded on the stream that was current when the slot was made: the net's copy
+  // waits for it (the tensor may have been written on a side stream).  nullptr with
+  // order_by_device: no event could be made, the copy waits for the whole device.
+  cudaEvent_t ready = nullptr;
+  bool order_by_device = false;
   ~Slot() {
-    if (!evicted) g_resident--;
+    if (!evicted.load()) g_resident--;
     host_free(host.ptr, host.nbytes);
+    if (ready != nullptr && cudaEventDestroy(ready) != cudaSuccess) (void)cudaGetLastError();
   }
 };
 
@@ -196,12 +212,27 @@ class Guard {
     out.swap(discarded_);
     return out;
   }
-  void add_releasing(int64_t delta) { releasing_ += delta; }
+  void add_releasing(int64_t delta) {
+    releasing_ += delta;
+    note_host_peak();
+  }
   bool armed() const { return armed_; }
   void set_host_budget(int64_t limit, int64_t other, int64_t min_available) {
     host_limit_ = limit;
     host_other_ = other;
     min_available_ = min_available;
+    note_host_peak();
+  }
+
+  // The slot's device tensor (storage) while it is resident, else an empty one.
+  Resident resident_of(const Slot& s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (s.evicted.load() || !held(s.dev)) return Resident();
+    return s.dev;
+  }
+  int64_t owners(const Slot& s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return held(s.dev) ? owners_of(s.dev) : 0;
   }
 
   // An allocation of `n` bytes on `device` failed (`attempt` errors in a row for this
@@ -242,56 +273,102 @@ class Guard {
   }
 
   // Evicts slots on `device`, earliest registered first, until `need` bytes were freed
-  // or nothing more can go.  Returns the bytes freed.
+  // or nothing more can go.  Returns the bytes freed.  mu_ is held only to pick a slot
+  // and to commit its move: the wait for host room (the pool's releaser is a Python
+  // thread, which a thread holding the GIL and waiting for mu_ would block) and the copy
+  // run without it.
   int64_t evict(int device, int64_t need) {
     std::vector<Resident> to_free;               // destroyed after mu_ is released
     std::vector<std::shared_ptr<Slot>> hold;     // (a slot may lose its last owner
     int64_t freed = 0;                           //  meanwhile)
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-      for (auto it = slots_.begin(); it != slots_.end() && freed < need; ++it) {
-        auto s = it->lock();
-        if (s) hold.push_back(s);
-        if (!s || s->evicted || s->device != device || !held(s->dev)) continue;
-        if (owners_of(s->dev) != 1) {
-          shared_++;
-          continue;
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    size_t next = 0;  // position in slots_ to look from (slots_ only grows at its end
+                      // meanwhile, or is compacted: then from the start again)
+    uint64_t seen_gen = 0;
+    while (freed < need) {
+      std::shared_ptr<Slot> s;
+      const void* src = nullptr;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (seen_gen != compactions_) {
+          seen_gen = compactions_;
+          next = 0;
         }
-        const size_t n = static_cast<size_t>(s->nbytes);
-        if (!host_room(static_cast<int64_t>(n))) {
-          host_refused_++;
+        for (; next < slots_.size(); ++next) {
+          auto c = slots_[next].lock();
+          if (c) hold.push_back(c);
+          if (!c || c->evicted.load() || c->moving || c->device != device || !held(c->dev)) {
+            continue;
+          }
+          if (owners_of(c->dev) != 1) {
+            shared_++;
+            continue;
+          }
+          c->moving = true;
+          src = bytes_of(c->dev);
+          s = std::move(c);
+          ++next;
           break;
         }
-        int64_t avail = mem_available();
-        if (avail >= 0 && avail - static_cast<int64_t>(n) < min_available_) {
-          host_refused_++;
-          break;
-        }
-        void* p = map_populated(n);
+      }
+      if (!s) break;
+      const int64_t n = s->nbytes;
+      void* p = nullptr;
+      bool ok = take_host(n);
+      if (!ok) {
+        host_refused_++;
+      } else {
+        p = map_populated(static_cast<size_t>(n));
         if (p == nullptr) {
+          g_host_bytes -= n;
           host_refused_++;
-          break;
+          ok = false;
         }
-        g_host_bytes += static_cast<int64_t>(n);
-        // ordered after the work queued on this stream; a copy into pageable memory
-        // returns once it has finished (synchronised below all the same)
-        cudaError_t err = cudaMemcpyAsync(p, bytes_of(s->dev), n, cudaMemcpyDeviceToHost, stream);
+      }
+      if (ok) {
+        // after the work that wrote the tensor (on whatever stream it was current
+        // when the slot was made) and after the work queued on this stream
+        cudaError_t err = cudaSuccess;
+        if (s->ready != nullptr) {
+          err = cudaStreamWaitEvent(stream, s->ready, 0);
+        } else if (s->order_by_device) {
+          err = cudaDeviceSynchronize();
+        }
+        if (err == cudaSuccess) {
+          err = cudaMemcpyAsync(p, src, static_cast<size_t>(n), cudaMemcpyDeviceToHost, stream);
+        }
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
         if (err != cudaSuccess) {
           (void)cudaGetLastError();
-          host_free(p, n);
+          host_free(p, static_cast<size_t>(n));
+          p = nullptr;
           failed_++;
-          break;
+          ok = false;
         }
-        s->host = HostBuffer{p, n};
-        s->evicted = true;
-        g_resident--;
-        to_free.push_back(std::move(s->dev));
-        s->dev = Resident();
-        freed += static_cast<int64_t>(n);
+      }
+      bool committed = false;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        s->moving = false;
+        // someone took the tensor back while it was copied (Slot.device_tensor): it
+        // stays, and the copy goes
+        if (ok && held(s->dev) && owners_of(s->dev) == 1) {
+          s->host = HostBuffer{p, static_cast<size_t>(n)};
+          s->evicted.store(true, std::memory_order_release);
+          g_resident--;
+          to_free.push_back(std::move(s->dev));
+          s->dev = Resident();
+          committed = true;
+        } else if (ok) {
+          shared_++;
+        }
+      }
+      if (!committed && p != nullptr) host_free(p, static_cast<size_t>(n));
+      if (!ok) break;
+      if (committed) {
+        freed += n;
         evicted_count_++;
-        evicted_bytes_ += static_cast<int64_t>(n);
+        evicted_bytes_ += n;
       }
     }
     to_free.clear();  // frees device memory: re-enters the allocator (same thread)
@@ -329,6 +406,27 @@ class Guard {
   bool over_limit(int64_t n) const {
     return host_limit_ >= 0 &&
            g_host_bytes.load() + host_other_.load() + releasing_.load() + n > host_limit_;
+  }
+
+  void note_host_peak() {
+    const int64_t now = g_host_bytes.load() + host_other_.load() + releasing_.load();
+    int64_t p = host_peak_.load();
+    while (now > p && !host_peak_.compare_exchange_weak(p, now)) {
+    }
+  }
+
+  // Takes `n` host bytes under the limit and the machine's floor (after host_room made
+  // what room it could; no lock held while it waits), or false.  Two evicting threads
+  // cannot both take the last room: the check and the count are one step.
+  bool take_host(int64_t n) {
+    if (!host_room(n)) return false;
+    std::lock_guard<std::mutex> lk(budget_mu_);
+    if (over_limit(n)) return false;
+    const int64_t avail = mem_available();
+    if (avail >= 0 && avail - n < min_available_) return false;
+    g_host_bytes += n;
+    note_host_peak();
+    return true;
   }
 
   // Whether `n` more host bytes fit under the limit, after giving back offered chunks
@@ -393,6 +491,7 @@ class Guard {
         {"last_oom_inactive_split", last_inactive_split_.load()},
         {"last_oom_device_free", last_device_free_.load()},
         {"host_bytes", g_host_bytes.load()},
+        {"host_peak", host_peak_.load()},
         {"resident", g_resident.load()},
     };
     std::vector<std::shared_ptr<Slot>> hold;
@@ -417,11 +516,15 @@ class Guard {
     }
     slots_.swap(keep);
     live_hint_ = slots_.size();
+    compactions_++;
   }
 
   std::mutex mu_;
   std::deque<std::weak_ptr<Slot>> slots_;
   size_t live_hint_ = 0;
+  uint64_t compactions_ = 0;  // evict() looks from the start again after one
+  std::mutex budget_mu_;      // a leaf: the check and the count of take_host
+  std::atomic<int64_t> host_peak_{0};  // host bytes under the limit at their highest
   std::atomic<bool> armed_{false};
   std::atomic<int64_t> host_limit_{-1};
   std::atomic<int64_t> host_other_{0};
@@ -556,12 +659,43 @@ void attach_tracker() {
   c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&track);
 }
 
+// Whether `fn` lies in the shared object that holds `anchor` (unknown: true).
+bool same_object(const void* fn, const void* anchor) {
+  Dl_info a{}, b{};
+  if (dladdr(fn, &a) == 0 || dladdr(anchor, &b) == 0) return true;
+  return a.dli_fbase == b.dli_fbase;
+}
+
+std::mutex g_arm_mu;
+c10::Allocator* g_redirected = nullptr;  // the allocator whose table is ours (under g_arm_mu)
+
+// Puts the net under the CUDA allocator, once; later calls check that nothing changed.
+// Refused (an error, nothing changed) for any allocator but PyTorch's native caching
+// allocator: a pluggable allocator has no trace trackers, and redirecting a table that
+// is not the native one's (a wrapper's, or one already redirected) would make every
+// allocation call itself.  The tracker is attached before the table is redirected, so a
+// failure leaves the allocator as it was.
 void arm_once() {
-  static std::once_flag redirected;
-  std::call_once(redirected, [] {
-    redirect_allocate();
-    attach_tracker();
-  });
+  std::lock_guard<std::mutex> lk(g_arm_mu);
+  auto* alloc = c10::cuda::CUDACachingAllocator::get();
+  TORCH_CHECK(alloc != nullptr, "LMS guard: no CUDA caching allocator");
+  void** vtable = *reinterpret_cast<void***>(alloc);
+  if (g_redirected != nullptr) {
+    TORCH_CHECK(g_redirected == alloc && vtable == g_vtable.data() + 2,
+                "LMS guard: the CUDA allocator changed since the net was armed");
+    return;
+  }
+  const std::string name = alloc->name();
+  TORCH_CHECK(name == "native", "LMS guard: the CUDA allocator is '", name,
+              "', not PyTorch's native caching allocator");
+  const void* entry = vtable[allocate_slot()];
+  TORCH_CHECK(entry != reinterpret_cast<const void*>(&guarded_allocate) &&
+                  same_object(entry, &c10::cuda::CUDACachingAllocator::allocator),
+              "LMS guard: the CUDA allocator's allocate is not the caching allocator's own "
+              "(wrapped or redirected already)");
+  attach_tracker();
+  redirect_allocate();
+  g_redirected = alloc;
 }
 
 }  // namespace
@@ -579,24 +713,48 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              s->dev = t.variable_data();
              s->nbytes = static_cast<int64_t>(t.numel()) * t.element_size();
              s->device = t.get_device();
+             // the stream current now (the one `t` was written on, or ordered after
+             // it) is not the one an eviction copies on: remember where it stands
+             {
+               c10::cuda::CUDAGuard on(t.device());
+               cudaEvent_t ev = nullptr;
+               if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess &&
+                   cudaEventRecord(ev, c10::cuda::getCurrentCUDAStream(s->device).stream()) ==
+                       cudaSuccess) {
+                 s->ready = ev;
+               } else {
+                 (void)cudaGetLastError();
+                 if (ev != nullptr) (void)cudaEventDestroy(ev);
+                 s->order_by_device = true;
+               }
+             }
              g_resident++;
-             Guard::get().add(s);
+             {
+               py::gil_scoped_release nogil;  // mu_ (see the invariants)
+               Guard::get().add(s);
+             }
              return s;
            }),
            "keep `t` (dense: its bytes are [data_ptr, data_ptr + nbytes)) evictable")
-      .def_property_readonly("evicted", [](const Slot& s) { return s.evicted; })
+      .def_property_readonly("evicted", [](const Slot& s) { return s.evicted.load(); })
       .def_property_readonly("nbytes", [](const Slot& s) { return s.nbytes; })
       .def_property_readonly("owners", [](const Slot& s) -> int64_t {
              // owners of the storage (1: only this slot; what the net requires to evict)
-             return s.dev.defined() ? static_cast<int64_t>(s.dev.storage().use_count()) : 0;
+             py::gil_scoped_release nogil;  // mu_ may be held by an eviction's commit
+             return Guard::get().owners(s);
            })
       .def("device_tensor", [](const Slot& s) -> py::object {
-             if (s.evicted || !s.dev.defined()) return py::none();
-             return py::cast(s.dev.variable_data());  // s.dev stays Python-free
+             Resident r;
+             {
+               py::gil_scoped_release nogil;
+               r = Guard::get().resident_of(s);
+             }
+             if (!r.defined()) return py::none();
+             return py::cast(r.variable_data());  // s.dev stays Python-free
            })
       .def("host_bytes", [](std::shared_ptr<Slot> s) -> py::object {
              // a uint8 CPU tensor over the evicted bytes; keeps the slot alive
-             if (!s->evicted) return py::none();
+             if (!s->evicted.load(std::memory_order_acquire)) return py::none();
              auto keep = s;
              auto t = torch::from_blob(
                  s->host.ptr, {s->nbytes}, [keep](void*) {},
@@ -647,7 +805,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "segments the allocator released on `device` since the net was armed");
   m.def("stats", []() {
     py::dict d;
-    for (const auto& kv : Guard::get().counters()) {
+    std::vector<std::pair<const char*, int64_t>> counters;
+    {
+      py::gil_scoped_release nogil;
+      counters = Guard::get().counters();
+    }
+    for (const auto& kv : counters) {
       if (std::strcmp(kv.first, "armed") == 0) {
         d[kv.first] = kv.second != 0;
       } else {

@@ -215,6 +215,8 @@ def enable(**kw: Any) -> None:
     sw = get_swapper()
     if kw:
         sw.configure(**kw)
+    else:
+        sw.config.validate()  # the environment's settings fail here, not at the first swap
     if getattr(_tls, "enabled", False):
         return
     sw.__enter__()
@@ -244,6 +246,8 @@ def swapping(**kw: Any):
     sw = get_swapper()
     if kw:
         sw.configure(**kw)
+    else:
+        sw.config.validate()
     with sw:
         yield sw
 

@@ -74,6 +74,20 @@ class _CopyPacing:
             st.inflight_bytes -= n
 
 
+def _plain_bytes(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values are exactly the bytes of its storage that it spans, so that
+    copying those bytes and back restores it bit for bit: a strided, non-nested,
+    non-quantized tensor with real storage and no conjugate or negative bit (a
+    ``conj()`` or ``_neg_view`` view holds other values than its bytes, a nested tensor has
+    no single span, quantized ones carry their scale elsewhere).  Others stay on the
+    device, as stock keeps them."""
+    if t.layout != torch.strided or t.is_nested or t.is_quantized or t.is_meta:
+        return False
+    if t.is_conj() or t.is_neg():
+        return False
+    return True
+
+
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """The bytes of a tensor whose elements fill their span of its storage densely
     (:func:`_dense_span`: contiguous in some order of dimensions), as one flat uint8

@@ -4,6 +4,7 @@ memory facts, the allocator's LMS of a patched build, and the host-memory error.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from typing import Any, Dict, Optional
 
@@ -77,35 +78,45 @@ def _host_available() -> Optional[int]:
 
 def _env_number(name: str, unit: str, example: str) -> Optional[float]:
     """The number in environment variable ``name`` (a count of ``unit``), None when unset
-    or blank; ValueError naming the variable for anything else."""
+    or blank; ValueError naming the variable, its value and what is accepted for anything
+    else (not a number, NaN, infinite, negative)."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
+    accepted = f"expected a number of {unit}, finite and >= 0 (e.g. {example})"
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise ValueError(
-            f"{name}={raw!r}: expected a number of {unit} (e.g. {example})"
-        ) from None
+        raise ValueError(f"{name}={raw!r}: {accepted}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={raw!r}: {accepted}; it is not finite")
+    if value < 0:
+        raise ValueError(f"{name}={raw!r}: {accepted}; must not be negative")
+    return value
 
 
 def host_mem_limit_from_env() -> Optional[int]:
-    """Bytes given by ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB``, None when unset.
+    """Bytes given by ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB``, None when unset (0: no swap
+    space at all).
 
-    Raises ValueError for a value that is not a non-negative number.
+    Raises ValueError, naming the variable, for a value that is not a finite,
+    non-negative number.
     """
     mb = _env_number(ENV_HOST_LIMIT, "MiB", "65536")
-    if mb is None:
-        return None
-    if mb < 0:
-        raise ValueError(
-            f"{ENV_HOST_LIMIT}={os.environ[ENV_HOST_LIMIT]!r}: must not be negative")
-    return int(mb * MiB)
+    return None if mb is None else int(mb * MiB)
 
 
 def _threshold_from_env() -> Optional[int]:
     kb = _env_number(ENV_THRESHOLD, "KiB", "1024")
     return None if kb is None else int(kb * KiB)
+
+
+def check_environment() -> None:
+    """Reads every environment setting of activation swapping now, so that a bad value
+    fails where swapping is set up (enable, configure, swapping) rather than at the first
+    swap, many steps in.  ValueError names the variable, its value and what is accepted."""
+    host_mem_limit_from_env()
+    _threshold_from_env()
 
 
 def _fmt(n: Optional[float]) -> str:

@@ -116,3 +116,45 @@ def load_guard(required: bool = False) -> Any:
 def loaded_guard() -> Any:
     """The eviction net if :func:`load_guard` built it, else None (builds nothing)."""
     return _guard_state.get("module")
+
+
+def allocator_refusal() -> Optional[str]:
+    """Why the net cannot sit under this process's CUDA allocator, or None.  The net
+    redirects the native caching allocator's ``allocate`` and feeds on its trace
+    trackers: a pluggable allocator (``torch.cuda.memory.change_current_allocator``),
+    ``cudaMallocAsync`` or any other backend has neither."""
+    try:
+        backend = torch.cuda.get_allocator_backend()
+    except Exception as e:  # pragma: no cover - no CUDA: the net was not built either
+        return f"the CUDA allocator backend is unknown ({type(e).__name__}: {e})"
+    if backend != "native":
+        return (f"the CUDA allocator is {backend!r}, not PyTorch's native caching allocator "
+                f"(a pluggable allocator, or PYTORCH_CUDA_ALLOC_CONF=backend:...)")
+    return None
+
+
+def arm_guard(mod: Any, limit: int, held: int, min_available: int) -> Any:
+    """Arms the net ``mod`` with its host budget (``limit`` bytes, ``held`` of them held
+    by the pinned pool, ``min_available`` left to the machine) given first: the net never
+    copies a byte to the host without a limit, also in a first step that needs it before
+    anything was swapped.  Returns ``mod``, or None where the net cannot sit under this
+    allocator (it then stays off, with one warning; swapping goes on by its forecast)."""
+    with _guard_lock:
+        if _guard_state.get("refused"):
+            return None
+        if mod.armed():
+            return mod
+        reason = allocator_refusal()
+        if reason is None:
+            mod.set_host_budget(int(limit), int(held), int(min_available))
+            try:
+                mod.arm(True)
+            except RuntimeError as e:  # the net's own check of the allocator
+                reason = str(e).splitlines()[0]
+        if reason is not None:
+            _guard_state["refused"] = reason
+            warnings.warn(f"LMS activation swapping: eviction net off: {reason}; a wrong "
+                          f"forecast can then end in CUDA out of memory",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        return mod

@@ -4,11 +4,13 @@ next (pure functions, tested on their own)."""
 from __future__ import annotations
 
 import bisect
+import math
+import numbers
 from typing import Any, Dict, List, Optional
 
 import torch
 
-from .environment import GiB, MiB, _threshold_from_env
+from .environment import GiB, MiB, _threshold_from_env, check_environment
 
 
 class SwapConfig:
@@ -48,45 +50,93 @@ class SwapConfig:
         self.update(**kw)
 
     def update(self, **kw: Any) -> "SwapConfig":
-        for k, v in kw.items():
+        """Applies ``kw`` once every value (and the environment's settings) is checked; a
+        refused value changes nothing."""
+        for k in kw:
             if k not in self._fields:
                 raise TypeError(
                     f"unknown LMS swap option {k!r}; known: {', '.join(sorted(self._fields))}"
                 )
+        values = self.as_dict()
+        values.update(kw)
+        check_settings(values)
+        for k, v in kw.items():
             setattr(self, k, v)
-        self.validate()
         return self
 
     def validate(self) -> None:
-        if self.policy not in ("auto", "always", "never"):
-            raise ValueError(f"policy must be 'auto', 'always' or 'never', not {self.policy!r}")
-        if int(self.size_threshold) < 0:
-            raise ValueError("size_threshold must be >= 0 bytes")
-        if self.device_limit_fraction is not None \
-                and not (0.0 < float(self.device_limit_fraction) <= 1.0):
-            raise ValueError("device_limit_fraction must be in (0, 1]")
-        if self.first_margin_fraction is not None \
-                and not (0.0 <= float(self.first_margin_fraction) < 1.0):
-            raise ValueError("first_margin_fraction must be in [0, 1)")
-        if float(self.margin_factor) < 0 or float(self.min_margin_factor or 0) < 0 \
-                or float(self.prefetch_reserve_factor) < 0:
-            raise ValueError("margin_factor, min_margin_factor and prefetch_reserve_factor "
-                             "must be >= 0")
-        if self.device_limit is not None and int(self.device_limit) <= 0:
-            raise ValueError("device_limit must be > 0 bytes")
-        if int(self.prefetch_depth) < 0:
-            raise ValueError("prefetch_depth must be >= 0")
-        if int(self.max_inflight_bytes) <= 0:
-            raise ValueError("max_inflight_bytes must be > 0")
-        if self.host_limit is not None and int(self.host_limit) < 0:
-            raise ValueError("host_limit must be >= 0 bytes")
-        if int(self.query_every) < 1:
-            raise ValueError("query_every must be >= 1")
-        if self.device_type not in ("cuda", "cpu"):
-            raise ValueError("device_type must be 'cuda' (or 'cpu' for tests)")
+        """Checks every tunable and the environment's settings (ValueError naming the
+        setting, its value and what is accepted)."""
+        check_settings(self.as_dict())
 
     def as_dict(self) -> Dict[str, Any]:
         return {k: getattr(self, k) for k in self._fields}
+
+
+_BOOL = "True or False"
+
+
+def _bad(key: str, value: Any, accepted: str) -> ValueError:
+    return ValueError(f"LMS swap option {key}={value!r} is not accepted; accepted: {accepted}")
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool) or (type(v) is int and v in (0, 1))
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, numbers.Real) and not isinstance(v, bool)
+            and math.isfinite(float(v)))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+# key: (test, what is accepted); None passes where the default is None
+_RULES = {
+    "policy": (lambda v: v in ("auto", "always", "never"), "'auto', 'always' or 'never'"),
+    "size_threshold": (lambda v: _is_number(v) and v >= 0, "a finite number of bytes >= 0"),
+    "device_limit": (lambda v: _is_number(v) and v > 0, "None or a finite number of bytes > 0"),
+    "device_limit_fraction": (lambda v: _is_number(v) and 0 < v <= 1, "None or a number in (0, 1]"),
+    "margin": (lambda v: _is_number(v) and v >= 0, "None or a finite number of bytes >= 0"),
+    "margin_factor": (lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
+    "adaptive_margin": (_is_bool, _BOOL),
+    "min_margin": (lambda v: _is_number(v) and v >= 0, "a finite number of bytes >= 0"),
+    "min_margin_factor": (lambda v: _is_number(v) and v >= 0, "None or a finite number >= 0"),
+    "first_margin_fraction": (lambda v: _is_number(v) and 0 <= v < 1, "None or a number in [0, 1)"),
+    "prefetch_reserve_factor": (lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
+    "prefetch_depth": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "max_inflight_bytes": (lambda v: _is_number(v) and v > 0, "a finite number of bytes > 0"),
+    "query_every": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "plan": (_is_bool, _BOOL),
+    "host_limit": (lambda v: _is_number(v) and v >= 0,
+                   "None (env PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB, else 80% of host memory "
+                   "shared by the node's processes) or a finite number of bytes >= 0"),
+    "host_min_available": (lambda v: _is_number(v) and v >= 0,
+                           "None or a finite number of bytes >= 0"),
+    "dedupe": (_is_bool, _BOOL),
+    "min_storage_fraction": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "trace": (_is_bool, _BOOL),
+    "guard": (_is_bool, _BOOL),
+    "device_type": (lambda v: v in ("cuda", "cpu"), "'cuda' (or 'cpu' for tests)"),
+}
+
+
+def check_settings(values: Dict[str, Any]) -> None:
+    """Checks tunables (``values``: name -> value) and the environment's settings; raises
+    ValueError naming the first bad one, its value and what is accepted."""
+    for key, value in values.items():
+        if value is None and SwapConfig._fields.get(key, 0) is None:
+            continue
+        test, accepted = _RULES[key]
+        try:
+            ok = bool(test(value))
+        except Exception:  # a value that cannot even be compared
+            ok = False
+        if not ok:
+            raise _bad(key, value, accepted)
+    check_environment()
 
 
 def _dense_span(t: torch.Tensor) -> bool:

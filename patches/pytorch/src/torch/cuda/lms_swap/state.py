@@ -16,7 +16,7 @@ class _Swapped:
     __slots__ = (
         "owner", "nbytes", "size", "stride", "dtype", "device", "host",
         "d2h_event", "gpu", "gpu_stream", "h2d_event", "refs", "unpacks", "index",
-        "orig", "version", "pass_id", "slot", "__weakref__",
+        "version_of", "version", "pass_id", "slot", "__weakref__",
     )
 
     @classmethod
@@ -32,7 +32,7 @@ class _Swapped:
         h.d2h_event = h.gpu = h.gpu_stream = h.h2d_event = None
         h.refs, h.unpacks, h.pass_id, h.index = 1, 0, -1, None
         h.version = t._version
-        h.orig = weakref.ref(t)
+        h.version_of = _version_alias(t)
         return h
 
     def __del__(self) -> None:
@@ -44,15 +44,46 @@ class _Swapped:
                 pass
 
 
+def _version_alias(t: torch.Tensor) -> Any:
+    """Something that reads ``t``'s version counter for as long as autograd holds the
+    saved tensor, without holding its memory: an alias of ``t`` (``detach()`` shares the
+    version counter, which views of one base share too) moved onto an empty storage,
+    with the counter put back where it was.  An in-place change of ``t``, of its base or
+    of any view of them after the save then shows, also when no Python object of ``t``
+    is left.  Falls back to a weak reference to ``t`` (checked while ``t`` is alive)
+    where this PyTorch cannot move an alias's storage."""
+    setter = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+    if setter is None:  # (PyTorch 1.x)
+        return weakref.ref(t)
+    try:
+        version = t._version
+        alias = t.detach()
+    except Exception:
+        return weakref.ref(t)
+    with torch.no_grad():
+        alias.set_()
+    if alias._version != version:  # set_() counts as an in-place change of the alias
+        try:
+            setter((alias,), (version,))
+        except TypeError:  # (the signature before PyTorch 2.5: one tensor, one version)
+            setter(alias, version)
+    return alias
+
+
 def _check_version(h: "_Swapped") -> None:
     """Stock autograd's check that a saved tensor was not changed in place since it
     was saved (autograd cannot see it through a handle)."""
-    orig = h.orig()
-    if orig is not None and orig._version != h.version:
+    alias = h.version_of
+    if isinstance(alias, weakref.ref):
+        alias = alias()
+        if alias is None:
+            return
+    now = alias._version
+    if now != h.version:
         raise RuntimeError(
             "one of the variables needed for gradient computation has been modified "
             f"by an inplace operation: [{h.dtype} {list(h.size)}] is at version "
-            f"{orig._version}; expected version {h.version} instead (the tensor was "
+            f"{now}; expected version {h.version} instead (the tensor was "
             "saved through LMS activation swapping)."
         )
 

@@ -11,11 +11,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .copies import _CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes
+from .copies import (_CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
+                     _plain_bytes)
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
                           _host_total, host_mem_limit_from_env, local_world_size)
 from .forecast import _StepForecast
-from .guard import load_guard, loaded_guard
+from .guard import arm_guard, load_guard, loaded_guard
 from .host_pool import HostPool
 from .pinned import _releaser
 from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
@@ -124,7 +125,9 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             return None
         g = load_guard()
         if g is not None and not g.armed():
-            g.arm(True)
+            limit, minav = self._host_limits()
+            held = self._pool.reserved if self._pool is not None else 0
+            g = arm_guard(g, limit, held, minav)
         return g
 
     # -- context manager / hooks ---------------------------------------------------
@@ -224,7 +227,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
     def _pack(self, t: torch.Tensor) -> Any:
         cfg = self.config
         if (cfg.policy == "never" or t.device.type != cfg.device_type
-                or t.layout != torch.strided):
+                or not _plain_bytes(t)):
             return t
         tt = type(t)
         if tt is not torch.Tensor:
