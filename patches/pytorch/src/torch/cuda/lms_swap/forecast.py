@@ -15,6 +15,7 @@ import torch
 from .environment import MiB, _allocator_lms
 from .policy import (damped, growth_to_end, next_margin_factor, next_plan,
                      next_reserve_factor, next_slack, swap_trigger)
+from .profiles import signature
 from .state import _DevState
 
 
@@ -126,6 +127,8 @@ class _StepForecast:
         self._phase = "fwd"
         self._dedupe.clear()
         self._prefetch_pending = False
+        self._sig_pending = True
+        self._fwd_last, self._fwd_handles = None, []
         if self._pool is not None:
             self._pool.end_step()
         for st in self._dev.values():
@@ -180,6 +183,13 @@ class _StepForecast:
             st.fwd_evicted = 0
             st.saved = 0
             st.rec_off, st.rec_unswapped = [], []
+
+    def _enter_profile(self, st: _DevState, t: torch.Tensor) -> None:
+        """The forward that saves ``t`` first begins: what earlier steps of its shape
+        taught replaces what the step before taught (:mod:`.profiles`)."""
+        how = st.profiles.enter(st, signature(t))
+        if how is not None:
+            self.c["profile_" + how] += 1
 
     def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
         """The device allocation at its highest since backward began, and whether that

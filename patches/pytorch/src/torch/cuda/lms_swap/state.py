@@ -9,6 +9,8 @@ from typing import Any, List, Optional
 
 import torch
 
+from .profiles import ShapeProfiles
+
 
 class _Swapped:
     """What autograd holds for a swapped tensor (the packed object)."""
@@ -100,7 +102,7 @@ class _DevState:
         "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
-        "seen",
+        "seen", "sig", "profiles",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -141,3 +143,6 @@ class _DevState:
         self.bwd_peak: Optional[int] = None  # the last backward's peak the margin learned from
         # the last reading of the allocation: (pass id, bytes allocated, self.saved then)
         self.seen: Optional[tuple] = None
+        # the signature of the step under way and the lessons kept per signature
+        self.sig: Optional[tuple] = None
+        self.profiles = ShapeProfiles()

@@ -24,6 +24,12 @@ from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
 from .state import _DevState, _Swapped, _check_version
 
 
+def _in_backward() -> bool:
+    """Whether the calling thread is running an autograd backward pass."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
 class ActivationSwapper(_StepForecast, _CopyPacing):
     """Saved-tensor hooks that swap activations to host memory under pressure.
 
@@ -48,6 +54,9 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         self._pass_id = 0
         self._prefetch_pending = False
         self._kept_unpacks = 0
+        self._sig_pending = False
+        self._fwd_last: Optional[weakref.ref] = None
+        self._fwd_handles: List[weakref.ref] = []
         self._trace: List[tuple] = []
         self._t0 = time.perf_counter()
         self._tls = threading.local()  # per-thread stack of entered hooks
@@ -236,8 +245,15 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             return t
         nbytes = t.numel() * t.element_size()
         with self._lock:
-            if self._phase != "fwd":
+            if _in_backward():
+                # recomputation inside backward (reentrant checkpointing, double
+                # backward): backward uses these at once, and they are no forward's
+                return self._save_in_backward(t, nbytes)
+            if self._phase != "fwd" or self._forward_abandoned():
                 self._begin_forward()
+            if self._sig_pending and t.device.type == "cuda":
+                self._sig_pending = False
+                self._enter_profile(self._state(t), t)
             if nbytes < cfg.size_threshold or nbytes == 0:
                 self.c["small_count"] += 1
                 return t
@@ -284,9 +300,43 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                 # weak references only: an abandoned graph must free its buffers
                 self._dedupe[id(t)] = (weakref.ref(t), t._version,
                                        None if h is None else weakref.ref(h))
+            if h is not None:
+                self._note_handle(h)
             if cfg.trace:
                 self._record_trace(st, "out" if h is not None else "keep")
             return t if h is None else h
+
+    def _save_in_backward(self, t: torch.Tensor, nbytes: int) -> Any:
+        """A tensor saved while backward runs: kept on the device, where backward needs
+        it next, evictable by the net where it could be swapped at all; the forecast's
+        forward state is left alone."""
+        self.c["backward_saves"] += 1
+        if (nbytes < self.config.size_threshold or nbytes == 0 or not _dense_span(t)
+                or t.device.type != "cuda"):
+            return t
+        storage_bytes = _storage_bytes(t)
+        if storage_bytes and nbytes < self.config.min_storage_fraction * storage_bytes:
+            return t
+        h = self._keep_evictable(t, nbytes)
+        return t if h is None else h
+
+    def _note_handle(self, h: _Swapped) -> None:
+        """Remembers the newest handle of this forward (see _forward_abandoned)."""
+        self._fwd_last = weakref.ref(h)
+        self._fwd_handles.append(self._fwd_last)
+
+    def _forward_abandoned(self) -> bool:
+        """Whether the forward under way was dropped without a backward (an evaluation
+        pass with autograd on, a loss that is never differentiated): every handle it
+        made is gone.  The next pack then begins a new forward.  Checked in full only
+        when the newest handle is gone, which a live forward's graph never lets happen."""
+        last = self._fwd_last
+        if last is None or last() is not None:
+            return False
+        if any(r() is not None for r in self._fwd_handles):
+            return False
+        self.c["forwards_abandoned"] += 1
+        return True
 
     def _decide(self, st: _DevState, t: torch.Tensor, nbytes: int) -> tuple:
         """(why it is swapped: None (kept), "always", "plan" or "pressure"; wait for

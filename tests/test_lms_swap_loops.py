@@ -1,0 +1,133 @@
+"""CPU tests of how activation swapping follows the loops people run: a forward saved again
+inside backward (reentrant checkpointing), a forward dropped without backward (an
+evaluation pass with autograd on), and a forecast kept per shape of step.
+
+They prove the bookkeeping, not survival or speed: the same loops run on the GPU in
+tests/conformance/lms_swap/test_lms_swap_loops_gpu.py and in the training-loops benchmark.
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+import torch
+
+nn = torch.nn
+REPO = pathlib.Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def m():
+    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
+    from lms_swap_loader import load_lms_swap
+    return load_lms_swap(prefer_patched=False)
+
+
+def _counting_swapper(m):
+    sw = m.ActivationSwapper(device_type="cpu", policy="always", size_threshold=4096,
+                             host_limit=256 * MiB, host_min_available=0)
+    calls = {"fwd": 0, "bwd": 0}
+    begin_fwd, begin_bwd = sw._begin_forward, sw._begin_backward
+
+    def fwd():
+        calls["fwd"] += 1
+        begin_fwd()
+
+    def bwd():
+        calls["bwd"] += 1
+        begin_bwd()
+    sw._begin_forward, sw._begin_backward = fwd, bwd
+    return sw, calls
+
+
+def test_recomputation_in_backward_is_no_new_forward(m):
+    """Reentrant checkpointing saves the recomputed segment's tensors inside backward,
+    through the same hooks: one forward and one backward per step all the same, and
+    gradients as stock's."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(4))
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+    def step(ctx):
+        for p in blocks.parameters():
+            p.grad = None
+        with ctx:
+            h = x * 1.0
+            for b in blocks:
+                h = checkpoint(b, h, use_reentrant=True)
+            h.square().sum().backward()  # hooks on in backward too, as enable() has them
+        return [p.grad.clone() for p in blocks.parameters()]
+
+    ref = step(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
+    sw, calls = _counting_swapper(m)
+    for _ in range(3):
+        got = step(sw)
+        assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert calls == {"fwd": 3, "bwd": 3}, calls
+    assert sw.stats()["swap.backward_saves"] > 0
+
+
+def test_a_forward_dropped_without_backward_ends_there(m):
+    """An evaluation pass with autograd on saves tensors and is never differentiated:
+    the next training step's forward is a forward of its own."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh())
+    x = torch.randn(64, 256)
+    sw, calls = _counting_swapper(m)
+    with sw:
+        net(x).sum()             # evaluation with autograd on: the graph is dropped
+    with sw:
+        loss = net(x).sum()
+    loss.backward()
+    assert calls == {"fwd": 2, "bwd": 1}, calls
+    assert sw.stats()["swap.forwards_abandoned"] == 1
+
+
+def test_a_forward_whose_branch_is_dropped_goes_on(m):
+    """A branch of forward dropped half way (a tensor computed and not used) does not
+    end the forward: only a forward whose every handle is gone does."""
+    net = nn.Sequential(nn.Linear(256, 256), nn.Tanh())
+    x = torch.randn(64, 256)
+    sw, calls = _counting_swapper(m)
+    with sw:
+        h = net(x)
+        net(h).sum()             # a side branch, dropped
+        loss = net(h).sum()
+    loss.backward()
+    assert calls == {"fwd": 1, "bwd": 1}, calls
+
+
+class _St:
+    """The fields of a device state that ShapeProfiles reads and writes."""
+
+    def __init__(self, **kw):
+        self.sig = None
+        self.plan, self.prev_saved, self.largest, self.k = 0, None, 0, None
+        self.prev_off, self.prev_growth = [], []
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def test_profiles_keep_each_shape_and_scale_a_new_one(m):
+    from lms_swap.profiles import ShapeProfiles, signature
+    prof = ShapeProfiles()
+    long_, short, mid = (signature(torch.empty(8, 2048, dtype=torch.long)),
+                         signature(torch.empty(8, 1024, dtype=torch.long)),
+                         signature(torch.empty(8, 1536, dtype=torch.long)))
+    st = _St()
+    assert prof.enter(st, long_) is None          # nothing learned yet: left as it is
+    st.plan, st.prev_saved, st.largest, st.k = 8 << 30, 40 << 30, 1 << 30, 3.0
+    st.prev_off, st.prev_growth = [1 << 30, 2 << 30], [30 << 30, 20 << 30]
+    assert prof.enter(st, short) == "scaled"      # half the tokens: half the bytes
+    assert (st.plan, st.prev_saved, st.largest, st.k) == (4 << 30, 20 << 30, 512 << 20, 3.0)
+    assert st.prev_off == [512 << 20, 1 << 30] and st.prev_growth == [15 << 30, 10 << 30]
+    st.plan = 1 << 30                             # what the short step itself taught
+    assert prof.enter(st, long_) == "exact"       # the long step's own lessons, unscaled
+    assert (st.plan, st.prev_saved, st.k) == (8 << 30, 40 << 30, 3.0)
+    assert prof.enter(st, short) == "exact" and st.plan == 1 << 30
+    assert prof.enter(st, mid) == "scaled"        # nearest by tokens: either neighbour
+    assert st.plan in (int((1 << 30) * 1.5), int((8 << 30) * 0.75))
+    assert (prof.exact, prof.scaled) == (2, 2)
