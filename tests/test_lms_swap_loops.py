@@ -131,3 +131,53 @@ def test_profiles_keep_each_shape_and_scale_a_new_one(m):
     assert prof.enter(st, mid) == "scaled"        # nearest by tokens: either neighbour
     assert st.plan in (int((1 << 30) * 1.5), int((8 << 30) * 0.75))
     assert (prof.exact, prof.scaled) == (2, 2)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_chunked_cross_entropy_matches_stock(m, reduction, monkeypatch):
+    """The loss in blocks of rows: stock's values and gradients up to rounding, ignored
+    targets included (blocks of 7 rows here, so that several blocks and a short last
+    one run)."""
+    from lms_swap import chunked_loss
+    monkeypatch.setattr(chunked_loss, "BLOCK_BYTES", 7 * 4 * 50)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(61, 50, generator=g) * 4
+    t = torch.randint(0, 50, (61,), generator=g)
+    t[::5] = -100
+    a = x.clone().requires_grad_()
+    b = x.clone().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(a, t, reduction=reduction)
+    got = chunked_loss.cross_entropy(b, t, -100, reduction)
+    (ref * 3).backward()
+    (got * 3).backward()
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7)
+    assert torch.all(b.grad[::5] == 0)
+
+
+def test_the_swapper_chunks_the_loss_only_where_told(m):
+    """``chunked_loss=True`` sends a supported F.cross_entropy through the blocks while
+    the swapper is entered, and F.cross_entropy is stock's again after; unsupported calls
+    (label smoothing, no gradient) and ``"auto"`` on a CPU tensor never are."""
+    import torch.nn.functional as F
+    from lms_swap import chunked_loss
+    stock = F.cross_entropy
+    x = torch.randn(chunked_loss.MIN_BYTES // (4 * 4096), 4096, requires_grad=True)
+    t = torch.randint(0, 4096, (x.shape[0],))
+    sw = m.ActivationSwapper(device_type="cpu", policy="always", host_limit=4 << 30,
+                             host_min_available=0, chunked_loss=True)
+    with sw:
+        assert F.cross_entropy is not stock
+        F.cross_entropy(x, t)
+        F.cross_entropy(x, t, label_smoothing=0.1)
+        with torch.no_grad():
+            F.cross_entropy(x, t)
+    assert F.cross_entropy is stock
+    assert sw.stats()["swap.chunked_losses"] == 1
+    auto = m.ActivationSwapper(device_type="cpu", policy="always", host_limit=4 << 30,
+                               host_min_available=0)
+    with auto:
+        F.cross_entropy(x, t)
+    assert auto.stats().get("swap.chunked_losses", 0) == 0
+    with pytest.raises(ValueError, match="chunked_loss"):
+        m.ActivationSwapper(chunked_loss="sometimes")

@@ -39,6 +39,7 @@ class SwapConfig:
         "trace": False,
         "guard": True,
         "device_type": "cuda",
+        "chunked_loss": "auto",
     }
 
     def __init__(self, **kw: Any) -> None:
@@ -120,6 +121,7 @@ _RULES = {
     "trace": (_is_bool, _BOOL),
     "guard": (_is_bool, _BOOL),
     "device_type": (lambda v: v in ("cuda", "cpu"), "'cuda' (or 'cpu' for tests)"),
+    "chunked_loss": (lambda v: v == "auto" or _is_bool(v), "'auto', True or False"),
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .chunked_loss import MIN_BYTES, LossPatch
 from .copies import (_CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
                      _plain_bytes)
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
@@ -22,6 +23,10 @@ from .pinned import _releaser
 from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
                      predict_forward_end, should_swap, swap_trigger)
 from .state import _DevState, _Swapped, _check_version
+
+
+_LOSS = LossPatch()  # F.cross_entropy while any swapper is entered (chunked_loss)
+_LOSS_LOCK = threading.Lock()
 
 
 def _in_backward() -> bool:
@@ -147,11 +152,36 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         if stack is None:
             stack = self._tls.hooks = []
         stack.append(h)
+        with _LOSS_LOCK:
+            _LOSS.enter(self._chunk_loss)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         h = self._tls.hooks.pop()
         h.__exit__(*exc)
+        with _LOSS_LOCK:
+            _LOSS.exit()
+
+    def _chunk_loss(self, x: torch.Tensor) -> bool:
+        """Whether ``F.cross_entropy`` over ``x`` runs in blocks (:mod:`.chunked_loss`):
+        only in a thread that swaps, for inputs of at least MIN_BYTES, and under
+        ``chunked_loss="auto"`` only where stock's loss could not fit: the allocation
+        now and two more tensors of the input's size (its log-softmax, then backward's
+        gradient) over what the caching allocator can have."""
+        mode = self.config.chunked_loss
+        if (mode is False or mode == 0 or not getattr(self._tls, "hooks", None)
+                or x.numel() * x.element_size() < MIN_BYTES):
+            return False
+        if mode == "auto":
+            if x.device.type != "cuda" or self.config.policy == "never":
+                return False
+            with self._lock:
+                st = self._state(x)
+                need = self._allocated(st) + 2 * x.numel() * x.element_size()
+                if need <= self._device_cap(st):
+                    return False
+        self.c["chunked_losses"] += 1
+        return True
 
     # -- statistics ----------------------------------------------------------------
     def _reset_counters(self) -> None:
