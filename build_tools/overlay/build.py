@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import LMS_BUILD, LMS_VERSION, gitutil
 from ..builders.toolchain import compiler_launcher  # shared with the full build
+from ..archives import extract_zip
 from ..abi import AbiError, AbiReport, check_library, dynamic_section, dynamic_symbols, required_versions
 from ..catalog import REPO_ROOT, framework, profile
 from ..errors import LmsError
@@ -78,10 +79,8 @@ def _official_parts(official: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".official-", dir=dest.parent))
     try:
-        with zipfile.ZipFile(official) as zf:
-            members = [n for n in zf.namelist() if n.startswith("torch/include/")
-                       or n in ("torch/lib/libc10.so", "torch/lib/libc10_cuda.so")]
-            zf.extractall(tmp, members)
+        extract_zip(official, tmp, select=lambda n: n if n.startswith("torch/include/")
+                    or n in ("torch/lib/libc10.so", "torch/lib/libc10_cuda.so") else None)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)

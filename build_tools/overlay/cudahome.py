@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import zipfile
 from pathlib import Path
 
+from ..archives import extract_zip
 from ..catalog import REPO_ROOT
 from ..errors import LmsError
 from .wheels import fetch_wheel
@@ -40,6 +40,18 @@ def header_wheels(cuda: str, runtime_pin: str | None = None) -> list[str]:
     return reqs
 
 
+def _header_or_library(name: str) -> str | None:
+    parts = name.split("/")
+    if len(parts) < 4 or parts[0] != "nvidia":
+        return None
+    sub, rel = parts[2], "/".join(parts[3:])
+    if sub == "include":
+        return f"include/{rel}"
+    if sub == "lib" and ".so" in rel:
+        return f"lib/{rel}"
+    return None
+
+
 def cuda_home(cuda: str, *, python: str, runtime_pin: str | None = None, root: Path = DEFAULT_ROOT,
               wheel_cache: Path | None = None, progress=print) -> Path:
     reqs = header_wheels(cuda, runtime_pin)
@@ -54,20 +66,8 @@ def cuda_home(cuda: str, *, python: str, runtime_pin: str | None = None, root: P
         (tmp / "include").mkdir()
         (tmp / "lib").mkdir()
         for w in wheels:
-            with zipfile.ZipFile(w) as zf:
-                for info in zf.infolist():
-                    parts = info.filename.split("/")
-                    if len(parts) < 4 or parts[0] != "nvidia" or info.is_dir():
-                        continue
-                    sub, rel = parts[2], "/".join(parts[3:])
-                    if sub == "include":
-                        out = tmp / "include" / rel
-                    elif sub == "lib" and ".so" in rel:
-                        out = tmp / "lib" / rel
-                    else:
-                        continue
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_bytes(zf.read(info))
+            # nvidia/<component>/include/** -> include/, nvidia/<component>/lib/*.so* -> lib/
+            extract_zip(w, tmp, select=_header_or_library)
         for lib in (tmp / "lib").glob("libcudart.so.*"):
             link = tmp / "lib" / "libcudart.so"
             if not link.exists():

@@ -24,10 +24,11 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping
+
+from ..archives import extract_zip
 
 REPO = Path(__file__).resolve().parents[2]
 TF_VERSION = "2.14.1"
@@ -123,11 +124,8 @@ def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:
     log(f"extracting headers and libtensorflow_framework.so.2 from {wheel.name}")
     if out.exists():
         shutil.rmtree(out)
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            if name.startswith("tensorflow/include/") or \
-                    name == "tensorflow/libtensorflow_framework.so.2":
-                z.extract(name, out)
+    extract_zip(wheel, out, select=lambda n: n if n.startswith("tensorflow/include/")
+                or n == "tensorflow/libtensorflow_framework.so.2" else None)
     marker.write_text(wheel.name + "\n")
     return out
 

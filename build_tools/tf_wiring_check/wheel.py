@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import zipfile
+from ..archives import extract_zip
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,10 +63,7 @@ def ensure(cache: Path = DEFAULT_CACHE, wheel: Path | None = None) -> Path:
     if out.exists():
         shutil.rmtree(out)
     log(f"extracting headers and symbol tables from {wheel.name}")
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            if name.startswith("tensorflow/include/") or name in WHEEL_LIBS:
-                z.extract(name, out)
+    extract_zip(wheel, out, select=lambda n: n if n.startswith("tensorflow/include/") or n in WHEEL_LIBS else None)
     (out / "symbols").mkdir()
     for rel in WHEEL_LIBS:
         lib = out / rel

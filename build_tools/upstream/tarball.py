@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import gitutil
 from ..catalog import Framework
+from ..archives import extract_tar
 from ..errors import LmsError
 from ..progress import Counter, info, step
 
@@ -58,48 +59,19 @@ def download(url: str, downloads: Path) -> Path:
     return final
 
 
-def _link_escapes(m: tarfile.TarInfo) -> bool:
-    """Whether a link member points outside the extraction folder (symlinks resolve from their own
-    folder, hard links from the archive root)."""
-    if m.linkname.startswith("/"):
-        return True
-    base = "" if m.islnk() else os.path.dirname(m.name)
-    target = os.path.normpath(os.path.join(base, m.linkname))
-    return target == ".." or target.startswith("../")
-
-
-def _safe_members(tf: tarfile.TarFile, c: Counter):
-    """The members that stay inside the extraction folder, as plain files, folders and links.
-
-    tarfile's own guard (`filter=`) exists only from Python 3.11.4 (3.10.12), so the same rule is
-    applied here on every version: nothing written or linked outside the folder, no devices or
-    fifos, no ownership, no set-id bits."""
-    for m in tf:
-        c.add()
-        if m.name.startswith("/") or ".." in Path(m.name).parts:
-            continue
-        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
-            continue
-        if (m.issym() or m.islnk()) and _link_escapes(m):
-            continue
-        m.uid = m.gid = 0
-        m.uname = m.gname = ""
-        m.mode &= 0o777
-        yield m
-
-
 def extract(tarball: Path, into: Path) -> Path:
-    """Extract and return the tree root (the tarball's single top folder, if it has one)."""
+    """Extract and return the tree root (the tarball's single top folder, if it has one).
+
+    Unpacked by build_tools.archives: a member that would land outside `into` refuses the tarball."""
     step(f"extracting {tarball.name}")
     c = Counter("files", unit="")
-    # The members are vetted by _safe_members; where tarfile has filters, say so (else 3.12+ warns
-    # and 3.14 would apply its own, stricter default on top).
-    kw = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
     try:
-        with tarfile.open(tarball) as tf:
-            tf.extractall(into, members=_safe_members(tf, c), numeric_owner=True, **kw)
-    except (tarfile.TarError, OSError, EOFError) as e:
+        extract_tar(tarball, into, progress=c.add)
+    except (tarfile.TarError, EOFError) as e:
         raise LmsError(f"{tarball} is not a readable tarball: {e}") from None
+    except OSError as e:
+        raise LmsError(f"could not extract {tarball} into {into}: "
+                       f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}") from None
     c.done()
     entries = [p for p in into.iterdir()]
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else into
