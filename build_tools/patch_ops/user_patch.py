@@ -13,20 +13,23 @@ from pathlib import Path
 
 from .. import patchfile
 from ..errors import LmsError
+from ..fetch import fetch, file_sha256, is_url
 from ..upstream import cache_dir
-from ..upstream.tarball import download
 
 MBOX_HEAD = re.compile(r"^From [0-9a-f]{7,40} ", re.MULTILINE)
 
 
-def resolve(spec: str) -> Path:
-    """The patch file for `spec` (a path or an http(s) URL), ready for `git am`."""
-    if re.match(r"^https?://", spec):
-        path = download(spec, cache_dir() / "patches")
+def resolve(spec: str, sha256: str | None = None) -> Path:
+    """The patch file for `spec` (a path or an https URL; http:// needs `sha256`), ready for `git am`.
+    With `sha256`, the patch (downloaded or local) must have that hash."""
+    if is_url(spec):
+        path = fetch(spec, cache_dir() / "patches", sha256=sha256)
     else:
         path = Path(spec).expanduser().resolve()
         if not path.is_file():
-            raise LmsError(f"PATCH {spec} not found", hint="give a patch file's path or an http(s) URL")
+            raise LmsError(f"PATCH {spec} not found", hint="give a patch file's path or an https URL")
+        if sha256 and file_sha256(path) != sha256.strip().lower().removeprefix("sha256:"):
+            raise LmsError(f"PATCH {path} does not match PATCH_SHA256 {sha256}")
     text = patchfile.read(path)
     diffs = patchfile.parse(text)
     if not diffs:

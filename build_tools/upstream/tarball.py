@@ -1,18 +1,16 @@
-"""Source tarballs: download with progress, import once into a cached git repo under a tag."""
+"""Source tarballs: unpack safely, import once into a cached git repo under a tag (downloads: build_tools.fetch)."""
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from .. import gitutil
 from ..catalog import Framework
 from ..archives import extract_tar
 from ..errors import LmsError
+from ..fetch import file_sha256
 from ..progress import Counter, info, step
 
 TARBALL_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz", ".tar.bz2", ".tar.zst", ".tar")
@@ -23,40 +21,6 @@ IMPORT_NAME = "LMS tarball import"
 
 def is_tarball_name(name: str) -> bool:
     return name.lower().endswith(TARBALL_SUFFIXES)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def download(url: str, downloads: Path) -> Path:
-    """Fetch `url` into `downloads` (cached by file name); a partial download never takes the final name."""
-    downloads.mkdir(parents=True, exist_ok=True)
-    final = downloads / Path(url.split("?")[0]).name
-    if final.exists():
-        info(f"cached: {final}")
-        return final
-    step(f"downloading {url}")
-    fd, tmp = tempfile.mkstemp(prefix=final.name + ".", suffix=".part", dir=downloads)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, os.fdopen(fd, "wb") as out:
-            total = int(r.headers.get("Content-Length") or 0) or None
-            c = Counter("downloaded", total, unit="B")
-            for chunk in iter(lambda: r.read(1 << 20), b""):
-                out.write(chunk)
-                c.add(len(chunk))
-            c.done()
-        os.replace(tmp, final)
-    except OSError as e:
-        raise LmsError(f"could not download {url}: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return final
 
 
 def extract(tarball: Path, into: Path) -> Path:
@@ -82,7 +46,7 @@ def import_tarball(fw: Framework, tarball: Path, tag: str, expected_version: str
 
     A tag already imported from the same tarball (same sha256) is reused; from a different one, refused.
     """
-    digest = sha256(tarball)
+    digest = file_sha256(tarball)
     gitutil.init_bare(repo)
     if gitutil.has_ref(repo, f"refs/tags/{tag}"):
         msg = gitutil.run(repo, "log", "-1", "--format=%B", f"refs/tags/{tag}").out
