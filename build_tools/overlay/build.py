@@ -20,12 +20,13 @@ from ..archives import extract_zip
 from ..abi import AbiError, AbiReport, check_library, dynamic_section, dynamic_symbols, required_versions
 from ..catalog import REPO_ROOT, framework, profile
 from ..errors import LmsError
+from ..fetch import file_sha256
 from ..tools import find_tool
 from . import platform as plat
 from .cudahome import cuda_home
 from .facts import WheelFacts, read_facts
 from .plan import OverlayPlan, plan_overlay
-from .wheelzip import copy_atomic, rewrite_wheel
+from .wheelzip import copy_atomic, rewrite_wheel, verify_record
 from .wheels import DEFAULT_CACHE, fetch_wheel
 
 CACHE = REPO_ROOT / ".cache" / "overlay"
@@ -87,6 +88,21 @@ def _official_parts(official: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _verify_official(official: Path, pins: dict, progress) -> None:
+    """Every member of the official wheel against its RECORD (once per wheel file: a stamp beside it
+    names the wheel's sha256), and a warning when the profile pins no sha256 for this file."""
+    digest = file_sha256(official)
+    if official.name not in pins:
+        progress(f"  warning: {official.name} has no pinned sha256 in the profile (it has {digest}); "
+                 f"pip checked it against the index only")
+    stamp = official.with_name(official.name + ".record-ok")
+    if stamp.is_file() and stamp.read_text().strip() == digest:
+        return
+    progress(f"  checking {official.name} against its RECORD ...")
+    verify_record(official)
+    stamp.write_text(digest + "\n")
 
 
 def _static_cpuinfo() -> Path:
@@ -233,7 +249,9 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
 
     # 2. official wheel and its build facts
     cache = Path(wheel_cache) if wheel_cache else DEFAULT_CACHE
-    official = fetch_wheel(requirement, python=python, cache_dir=cache, progress=progress)
+    official = fetch_wheel(requirement, python=python, cache_dir=cache, progress=progress,
+                           pins=ocfg.get("wheel_sha256"))
+    _verify_official(official, ocfg.get("wheel_sha256") or {}, progress)
     t0 = mark("fetch_wheel", t0)
     facts = read_facts(official, progress=progress)
     progress(f"  official build: torch {facts.torch_version}, CUDA {facts.cuda}, CXX11 ABI={facts.cxx11_abi}, "

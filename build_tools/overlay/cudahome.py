@@ -27,6 +27,19 @@ HEADER_WHEELS = {
              "nvidia-nvml-dev-cu12==12.4.127"],
     "11.7": ["nvidia-cuda-runtime-cu11==11.7.99", "nvidia-cuda-nvcc-cu11==11.7.99"],
 }
+# sha256 of those wheels' files on PyPI (`pip download`, 2026-11-25), checked on every use.
+HEADER_WHEEL_SHA256 = {
+    "nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl":
+        "64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5",
+    "nvidia_cuda_nvcc_cu12-12.4.131-py3-none-manylinux2014_x86_64.whl":
+        "e4c9a35435c3b0e36c6397c5696334c9ea6650e524736cbd1c5d345ea099bb04",
+    "nvidia_nvml_dev_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl":
+        "f3d070140734992f018d46b5fc1663495898637534b94a87cec64bf12bdc584c",
+    "nvidia_cuda_runtime_cu11-11.7.99-py3-none-manylinux1_x86_64.whl":
+        "cc768314ae58d2641f07eac350f40f99dcb35719c4faff4bc458a7cd2b119e31",
+    "nvidia_cuda_nvcc_cu11-11.7.99-py3-none-manylinux1_x86_64.whl":
+        "34f6dfc39a85a5a6f57dfc5ed145a9f903c3f6520a86e7d24b548894769f5e48",
+}
 DEFAULT_ROOT = REPO_ROOT / ".cache" / "cuda-home"
 
 
@@ -59,7 +72,7 @@ def cuda_home(cuda: str, *, python: str, runtime_pin: str | None = None, root: P
     if (dest / "include" / "cuda.h").is_file() and (dest / "lib").is_dir():
         return dest
     kw = {"cache_dir": wheel_cache} if wheel_cache else {}
-    wheels = [fetch_wheel(r, python=python, progress=progress, **kw) for r in reqs]
+    wheels = [fetch_wheel(r, python=python, progress=progress, pins=HEADER_WHEEL_SHA256, **kw) for r in reqs]
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".cuda-home-", dir=root))
     try:

@@ -88,28 +88,12 @@ def lms_sources(tag: str = TAG) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------
 # The wheel.
-def pip_wheel(requirement: str, python_version: str, cache: Path, glob: str, say=log) -> Path:
-    """The wheel matching ``glob`` in ``cache``; when there is none, ``requirement`` for CPython
-    ``python_version`` on manylinux x86-64 is downloaded there once with pip (PyPI or the
-    configured mirror), whatever Python runs this."""
-    found = sorted(cache.glob(glob))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        say(f"downloading {requirement} (Python {python_version} wheel) into {cache}")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps",
-             "--only-binary=:all:", "--python-version", python_version,
-             "--platform", "manylinux2014_x86_64", requirement, "-d", str(cache)],
-            check=True)
-        found = sorted(cache.glob(glob))
-    if not found:
-        raise SystemExit(f"no {glob} in {cache}")
-    return found[-1]
-
-
 def wheel_file(cache: Path) -> Path:
-    """The tensorflow-cpu wheel for WHEEL_PY in ``cache`` (downloaded once with pip)."""
-    return pip_wheel(f"tensorflow-cpu=={TF_VERSION}", WHEEL_PY, cache, WHEEL_GLOB)
+    """The tensorflow-cpu wheel for WHEEL_PY in ``cache`` (downloaded once with pip, whatever Python
+    runs this: the tools' one wheel downloader)."""
+    from ..overlay.wheels import fetch_wheel
+    return fetch_wheel(f"tensorflow-cpu=={TF_VERSION}", python_version=WHEEL_PY, cache_dir=cache,
+                       progress=log)
 
 
 def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:

@@ -41,8 +41,8 @@ def log(msg: str) -> None:
 
 def wheel_file(cache: Path) -> Path:
     """The GPU wheel (cp311, ~490 MB) in ``cache``, downloaded once with pip."""
-    from ..tf_allocator_build import pip_wheel
-    return pip_wheel(f"tensorflow=={TF_VERSION}", "3.11", cache, WHEEL_GLOB, say=log)
+    from ..overlay.wheels import fetch_wheel
+    return fetch_wheel(f"tensorflow=={TF_VERSION}", python_version="3.11", cache_dir=cache, progress=log)
 
 
 def _dynamic_symbols(lib: Path) -> list[str]:
