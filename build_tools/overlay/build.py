@@ -19,6 +19,7 @@ from ..builders.toolchain import compiler_launcher  # shared with the full build
 from ..archives import extract_zip
 from ..abi import AbiError, AbiReport, check_library, dynamic_section, dynamic_symbols, required_versions
 from ..catalog import REPO_ROOT, framework, profile
+from ..buildlock import build_lock
 from ..errors import LmsError
 from ..fetch import file_sha256
 from ..tools import find_tool
@@ -278,8 +279,9 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
         key = hashlib.sha1(f"{tree}|{official.name}|{facts.abi_flags}".encode()).hexdigest()[:12]
         progress(f"  compiling {', '.join('lib' + r + '.so' for r in plan.rebuild)} from {tree} "
                  f"(launcher: {launch or 'none'}) ...")
-        patched = _compile(tree, work_root / f"patched-{key}", targets=tuple(plan.rebuild), home=home,
-                           wheel_torch=wt / "torch", facts=facts, launcher=launch, jobs=jobs, debug=True)
+        with build_lock(work_root / f"patched-{key}", f"compiling {tree}"):  # one compile per folder
+            patched = _compile(tree, work_root / f"patched-{key}", targets=tuple(plan.rebuild), home=home,
+                               wheel_torch=wt / "torch", facts=facts, launcher=launch, jobs=jobs, debug=True)
         t0 = mark("compile_patched", t0)
         pristine_tree = _pristine_tree(tree, base)
         progress(f"  compiling the unpatched {tag} the same way (ABI baseline) ...")
@@ -389,12 +391,16 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
             "abi": {k: r.to_json() for k, r in abi.items()}, "compiler_launcher": launch,
             "timings_s": timings,
         }
+        report["wheel_sha256"] = file_sha256(tmp_wheel)  # which wheel this report describes
         tmp_report = work / (name + ".overlay.json")
         tmp_report.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-        # 7. publish: the wheel appears in dist/ whole or not at all; the report last
+        # 7. publish, each file whole or not at all: the report first, so that a wheel in dist/
+        #    always has its report beside it (the report names the wheel's sha256); both under a
+        #    lock of dist/, so that two builds never pair one's wheel with the other's report
         final = dist_dir / name
-        copy_atomic(tmp_wheel, final)
-        copy_atomic(tmp_report, dist_dir / tmp_report.name)
+        with build_lock(dist_dir / ".publish", f"publishing {name}"):
+            copy_atomic(tmp_report, dist_dir / tmp_report.name)
+            copy_atomic(tmp_wheel, final)
         timings["total"] = round(time.monotonic() - t_start, 2)
         progress(f"overlay wheel: {final} ({final.stat().st_size / 1e6:.0f} MB) in {timings['total']:.0f} s "
                  f"({', '.join(f'{k} {v:.0f}s' for k, v in timings.items() if k != 'total')})")
