@@ -42,7 +42,8 @@ def resolve(spec: str, sha256: str | None = None) -> Path:
 
 def _as_mbox(path: Path, text: str, nfiles: int) -> Path:
     """`text` (a plain diff) as a one-commit mbox in the cache, named by its content."""
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    body = patchfile.as_bytes(text)   # the user's bytes as they are, UTF-8 or not
+    digest = hashlib.sha256(body).hexdigest()[:16]
     out = cache_dir() / "patches" / f"{path.stem}-{digest}.mbox.patch"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +54,6 @@ def _as_mbox(path: Path, text: str, nfiles: int) -> Path:
                 f"Applied by the LMS build tools from the plain diff {path} ({nfiles} file(s)).\n"
                 "---\n")
         tmp = out.with_suffix(".part")
-        tmp.write_text(head + text if text.endswith("\n") else head + text + "\n")
+        tmp.write_bytes(head.encode() + body + (b"" if body.endswith(b"\n") else b"\n"))
         tmp.replace(out)
     return out
