@@ -126,8 +126,9 @@ def extract_tar(tarball: Path, into: Path, *, max_members: int | None = None,
             else:
                 tf.extract(m, into, set_attrs=True, numeric_owner=True)
             if not inside(into, into / name):
-                # only a race or a bug in the checks above gets here: remove it and stop
-                os.unlink(into / name) if os.path.islink(into / name) else None
+                # only a race or a gap in the checks above gets here: remove the link and stop
+                if os.path.islink(into / name):
+                    os.unlink(into / name)
                 raise _refuse(tarball, m.name, "resolved outside the folder after extraction")
             if progress:
                 progress()
@@ -160,6 +161,8 @@ def extract_zip(archive: Path | zipfile.ZipFile, into: Path, *,
                 continue
             rel = check_name(label, rel) if rel != name else name
             dest = into / rel
+            if not inside(into, dest.parent):   # before making folders: none is made through a link
+                raise _refuse(label, info.filename, "would be written through a link that leads outside")
             dest.parent.mkdir(parents=True, exist_ok=True)
             if not inside(into, dest.parent) or (os.path.lexists(dest) and not inside(into, dest)):
                 raise _refuse(label, info.filename, "would be written through a link that leads outside")

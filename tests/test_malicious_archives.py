@@ -51,6 +51,11 @@ def tar_cases(outside: Path) -> dict:
         "hardlink-through-linked-folder-then-overwrite": (
             [("top/l1", SYM, ".", b""), ("top/l1/l2", SYM, "../..", b""),
              ("top/h", HARD, "top/l1/l2/secret", b""), ("top/h", F, "", b"pwned")], [secret]),
+        # `top/l` -> `d/..` while d does not exist yet (it resolves to top/), then `top/d` -> `..`
+        # (the extraction folder itself): now top/l is the folder's parent
+        "symlink-bound-late-through-a-later-link": (
+            [("top/l", SYM, "d/..", b""), ("top/d", SYM, "..", b""), ("top/l/evil", F, "", b"pwned")],
+            [outside / "evil"]),
         "symlink-absolute-then-write-through": (
             [("top/l", SYM, str(outside), b""), ("top/l/evil", F, "", b"pwned")], [outside / "evil"]),
         "dotdot-name": ([("top/../../evil", F, "", b"pwned")], [outside / "evil"]),
