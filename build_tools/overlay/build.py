@@ -396,9 +396,10 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
         tmp_report.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         # 7. publish, each file whole or not at all: the report first, so that a wheel in dist/
         #    always has its report beside it (the report names the wheel's sha256); both under a
-        #    lock of dist/, so that two builds never pair one's wheel with the other's report
+        #    lock of that dist/ (kept in the work folder), so that two builds never pair one's wheel with the other's report
         final = dist_dir / name
-        with build_lock(dist_dir / ".publish", f"publishing {name}"):
+        publish = work_root / f"publish-{hashlib.sha1(str(dist_dir).encode()).hexdigest()[:12]}"
+        with build_lock(publish, f"publishing {name} into {dist_dir}"):
             copy_atomic(tmp_report, dist_dir / tmp_report.name)
             copy_atomic(tmp_wheel, final)
         timings["total"] = round(time.monotonic() - t_start, 2)
