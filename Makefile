@@ -1,6 +1,9 @@
 # Large Model Support (LMS) for PyTorch and TensorFlow: the make front. `make help` explains.
 # Every target is a thin call of `python -m build_tools` or pytest; nothing here that they don't know.
 
+# The project root: the folder of this Makefile, wherever make is called from (`make -f`, `make -C`).
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      ?= $(VENV)/bin/python
@@ -9,10 +12,34 @@ SOURCE  ?=
 JOBS    ?=
 DRY_RUN ?=
 
+# ---- the variables a user sets are checked before any shell sees them ----------------------------
+# Make expands `$` in a value given on the command line (`TORCH='$(shell ...)'` would run at once), so
+# their raw text must hold none; tags, MODE and JOBS take only their own characters; paths and URLs
+# (SOURCE, PATCH) may hold anything else, spaces included, and reach the shell single-quoted (q).
+USER_VARS  := TORCH TF MODE JOBS SOURCE PATCH PATCH_SHA256 DRY_RUN
+$(foreach v,$(USER_VARS),$(if $(findstring $$,$(value $v)),$(error $v must not contain `$$`)))
+_empty :=
+_space := $(_empty) $(_empty)
+# $(call _strip,TEXT,CHARS): TEXT without any of CHARS (each a word)
+_strip = $(if $2,$(call _strip,$(subst $(firstword $2),,$1),$(wordlist 2,$(words $2),$2)),$1)
+_digits := 0 1 2 3 4 5 6 7 8 9
+_tag_chars := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M N O P Q R S T \
+              U V W X Y Z $(_digits) . _ + -
+# $(call _only,VAR,CHARS,WHAT): an error unless VAR's value is empty or made of CHARS alone (no spaces)
+_only = $(if $(call _strip,$(subst $(_space),!,$($1)),$2),$(error $1=$($1) is not $3))
+$(call _only,TORCH,$(_tag_chars),a release tag (letters, digits and . _ + -; e.g. v2.6.0))
+$(call _only,TF,$(_tag_chars),a release tag (letters, digits and . _ + -; e.g. v2.14.1))
+$(call _only,JOBS,$(_digits),a number)
+$(call _only,PATCH_SHA256,$(_digits) a b c d e f A B C D E F,a sha256 (64 hex digits))
+$(if $(filter-out full overlay,$(MODE)),$(error MODE=$(MODE) is not full or overlay))
+# $(call q,TEXT): TEXT as one single-quoted shell word
+q = '$(subst ','\'',$1)'
+
 TOOLS        = $(PY) -m build_tools
 # The virtualenv is made on demand, unless PY names another interpreter (PY=python3).
 NEED_VENV    = $(filter $(VENV)/bin/python,$(PY))
-SOURCE_ARG   = $(if $(SOURCE),--source $(SOURCE))
+SOURCE_ARG   = $(if $(SOURCE),--source $(call q,$(SOURCE)))
+PATCH_ARGS   = $(if $(PATCH),--patch $(call q,$(PATCH)))$(if $(PATCH_SHA256), --patch-sha256 $(PATCH_SHA256))
 # Debian packages the tools and tests use: abidiff (ABI check), gtest (c10/TF allocator tests),
 # fmt + cpuinfo (c10 headers), protoc (TensorFlow's config.proto), xz (tarballs), ccache (compiler
 # cache for both PyTorch build modes), binutils (nm, c++filt: the TensorFlow wiring check's link
@@ -32,7 +59,8 @@ help:
 	@echo "  make build TF=<tag> [SOURCE=...] [PATCH=...] [DRY_RUN=1] [JOBS=n]"
 	@echo "                                      wheel with LMS into dist/ (overlay: PyTorch only, minutes)"
 	@echo "                                      PATCH=<file or URL>: your own patch, on any tag; a tag with"
-	@echo "                                      no shipped patch and no PATCH starts from the nearest, rebased"
+	@echo "                                      no shipped patch and no PATCH starts from the nearest, rebased;"
+	@echo "                                      PATCH_SHA256=<hex>: the hash it must have (required for http://)"
 	@echo "  make verify [SOURCE=...]            apply every committed patch to its tag, print a table"
 	@echo "  make patches [SOURCE=...]           regenerate patches/*.patch from the LMS sources"
 	@echo "  make check-patches [SOURCE=...]     fail if a committed patch differs from a fresh export"
@@ -63,9 +91,9 @@ system-packages:
 
 build: | $(NEED_VENV)
 ifdef TORCH
-	$(TOOLS) build pytorch $(TORCH) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(PATCH),--patch $(PATCH)) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build pytorch $(TORCH) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
 else ifdef TF
-	$(TOOLS) build tensorflow $(TF) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(if $(PATCH),--patch $(PATCH)) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build tensorflow $(TF) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
 else
 	@echo "error: say what to build: make build TORCH=<tag> or make build TF=<tag>"; $(TOOLS) tags; exit 2
 endif
@@ -92,5 +120,6 @@ conformance:
 	LMS_CONFORMANCE_REPORT=build/conformance/summary.json $(PYTHON) -m pytest -m gpu tests/conformance -v \
 	  --junitxml=build/conformance/junit.xml -o junit_family=xunit2 $(PYTEST_ARGS)
 
+# The project's build/ and dist/, never the caller's folder.
 clean:
-	rm -rf build dist
+	rm -rf -- $(call q,$(ROOT)/build) $(call q,$(ROOT)/dist)

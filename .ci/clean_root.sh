@@ -17,6 +17,13 @@ set -euo pipefail
 
 SUITE=${LMS_CI_SUITE:-bookworm}
 BASE_PACKAGES="python3,python3-venv,python3-pip,make,gcc,g++,git,ca-certificates"
+KEYRING=${LMS_CI_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
+# The only pip settings passed in from the host's environment: where the packages are and how to reach
+# them. Never a token: a value with credentials in a URL (scheme://user:secret@host) is left out, and
+# so are caches and everything else (PIP_CACHE_DIR, PIP_CLIENT_CERT, PIP_KEYRING_PROVIDER, ...).
+PIP_SETTINGS="PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_FIND_LINKS PIP_NO_INDEX PIP_CERT PIP_TRUSTED_HOST
+              PIP_DEFAULT_TIMEOUT PIP_DISABLE_PIP_VERSION_CHECK PIP_CONSTRAINT"
+has_credentials() { printf '%s' "$1" | grep -Eq '://[^/@[:space:]]*@'; }
 top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${LMS_CI_CACHE:-$HOME/.cache/lms-ci}
 say() { echo "[clean-root] $*"; }
@@ -40,19 +47,36 @@ mirror=${mirror:-http://deb.debian.org/debian}
 key=$(echo "$SUITE $BASE_PACKAGES $mirror" | sha256sum | cut -c1-12)
 tarball="$cache/rootfs-$SUITE-$key.tar"
 mkdir -p "$cache"
+# A cached root is used only as it was made: its sha256, recorded when it was made, must match;
+# otherwise (damaged, or cached before sha256s were kept) it is made anew.
+if [ -f "$tarball" ] && ! (cd "$cache" && sha256sum --quiet -c "$(basename "$tarball").sha256" >/dev/null 2>&1); then
+  say "the cached root $tarball does not match its recorded sha256 (or has none): making it anew"
+  rm -f "$tarball" "$tarball.sha256"
+fi
 if [ ! -f "$tarball" ]; then
   command -v debootstrap >/dev/null || { say "apt-get install debootstrap"; apt-get install -y -q debootstrap >/dev/null \
     || { apt-get update -q >/dev/null && apt-get install -y -q debootstrap >/dev/null; }; }
+  # Debian's archive keyring checks the Release files debootstrap fetches (and through them every package)
+  [ -f "$KEYRING" ] || { say "apt-get install debian-archive-keyring"; apt-get install -y -q debian-archive-keyring >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q debian-archive-keyring >/dev/null; }; }
+  [ -f "$KEYRING" ] || { say "no Debian archive keyring at $KEYRING: cannot check what debootstrap fetches"; exit 2; }
   build=$(mktemp -d "$cache/debootstrap.XXXXXX")
-  say "debootstrap $SUITE from $mirror (once; cached as $tarball)"
+  say "debootstrap $SUITE from $mirror, checked with $KEYRING (once; cached as $tarball)"
   t0=$(date +%s)
-  if ! debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$build" "$mirror" \
+  if ! debootstrap --keyring="$KEYRING" --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$build" "$mirror" \
        >"$cache/debootstrap.log" 2>&1; then
     say "debootstrap failed: see $cache/debootstrap.log"; rm -rf --one-file-system "$build"; exit 2
   fi
-  tar -C "$build" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
-  rm -rf --one-file-system "$build"
-  say "root cached in $(( $(date +%s) - t0 )) s"
+  # the tarball and its sha256 take their names only when both were written whole
+  if tar -C "$build" -cf "$tarball.part" . && (cd "$cache" && sha256sum "$(basename "$tarball.part")" \
+       | sed 's/\.part$//' >"$tarball.sha256.part") && mv "$tarball.part" "$tarball" \
+       && mv "$tarball.sha256.part" "$tarball.sha256"; then
+    rm -rf --one-file-system "$build"
+    say "root cached in $(( $(date +%s) - t0 )) s"
+  else
+    rm -rf --one-file-system "$build"; rm -f "$tarball" "$tarball.part" "$tarball.sha256" "$tarball.sha256.part"
+    say "could not write the cached root $tarball (disk full?)"; exit 2
+  fi
 fi
 
 # 2. A fresh copy, with its mounts undone on any exit (Ctrl-C included) and deleted only when no
@@ -88,16 +112,26 @@ for m in proc sys dev dev/pts; do bind "/$m"; done
 
 # 3. The host's ways to its registries. apt: its settings files (not its sources: the root keeps
 #    Debian's own list from debootstrap). pip: its settings files, the folders and files they name
-#    (read-only), and PIP_* variables.
+#    (read-only), and the PIP_* variables named in PIP_SETTINGS (no tokens, no caches).
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 for f in /etc/apt/apt.conf.d/99*; do [ -f "$f" ] && cp "$f" "$root/etc/apt/apt.conf.d/"; done
 for f in /etc/pip.conf /etc/xdg/pip/pip.conf "$HOME/.config/pip/pip.conf" "$HOME/.pip/pip.conf"; do
   [ -f "$f" ] || continue
-  dest="$root${f/#$HOME//root}"; mkdir -p "$(dirname "$dest")"; cp "$f" "$dest"
+  dest="$root${f/#$HOME//root}"; mkdir -p "$(dirname "$dest")"
+  # copied without lines that hold credentials in a URL
+  grep -Ev '://[^/@[:space:]]*@' "$f" >"$dest" || true
+  if grep -Eq '://[^/@[:space:]]*@' "$f"; then say "note: lines with credentials in $f are not passed in"; fi
 done
 pipcmd=$(command -v pip || command -v pip3 || echo "python3 -m pip")
-values=$( { $pipcmd config list 2>/dev/null || true; env | grep '^PIP_' || true; } | sed -E "s/^[^=]*=//; s/'//g" | tr ' ' '\n')
+pipenv=()
+for name in $PIP_SETTINGS; do
+  [ -n "${!name+x}" ] || continue
+  if has_credentials "${!name}"; then say "note: $name holds credentials: not passed in"; continue; fi
+  pipenv+=("$name=${!name}")
+done
+values=$( { $pipcmd config list 2>/dev/null | grep -Ev '://[^/@[:space:]]*@' || true; printf '%s\n' "${pipenv[@]}"; } \
+  | sed -E "s/^[^=]*=//; s/'//g" | tr ' ' '\n')
 for v in $values; do
   p=${v#file://}
   case "$p" in /*) ;; *) continue ;; esac
@@ -108,8 +142,6 @@ for v in $values; do
     mkdir -p "$root$(dirname "$p")"; cp "$p" "$root$p"
   fi
 done
-pipenv=()
-while IFS= read -r line; do pipenv+=("$line"); done < <(env | grep '^PIP_' || true)
 
 # 4. A fresh clone of the committed HEAD, and the command.
 if [ -n "$(git -C "$top" status --porcelain --untracked-files=no)" ]; then

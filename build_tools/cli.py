@@ -144,7 +144,7 @@ def _build_profile(args, fw: catalog.Framework, source: Source):
     from .builders.plan import Step
     if args.patch:
         from .patch_ops.user_patch import resolve
-        return catalog.profile_with_patch(fw, args.tag, resolve(args.patch)), []
+        return catalog.profile_with_patch(fw, args.tag, resolve(args.patch, args.patch_sha256)), []
     if catalog.is_supported(fw, args.tag):
         return catalog.profile(fw, args.tag), []
     from .patch_ops.rebase import nearest_supported, rebase_to_patch
@@ -256,7 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "plain diff; any tag, e.g. IBM's published v1.4.0 / v2.1.0 LMS patches: a tag with no "
                          "profile borrows the nearest supported tag's build settings, full build only). "
                          "Without it, a tag with no shipped patch starts from the nearest one, rebased")
+    sp.add_argument("--patch-sha256", metavar="HEX",
+                    help="the sha256 the --patch file must have (required for an http:// URL; https is checked "
+                         "by TLS alone without it)")
     return p
+
+
+def os_error_line(e: OSError) -> str:
+    """`<file>: <cause>` (both files for a rename or link), without a traceback."""
+    files = " -> ".join(str(f) for f in (e.filename, e.filename2) if f)
+    cause = e.strerror or str(e) or type(e).__name__
+    return f"{files}: {cause}" if files else cause
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except LmsError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        # a disk or file problem (full disk, permissions, a folder gone): its file and cause, one line
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

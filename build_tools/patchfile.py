@@ -16,15 +16,26 @@ class FileDiff:
     hunks: list[str] = field(default_factory=list)   # the @@ header lines
     added: int = 0
     removed: int = 0
+    git: bool = False   # from a `diff --git` section (else a plain unified diff)
 
 
 def parse(text: str) -> list[FileDiff]:
+    """The files a patch touches: `git diff` sections (`diff --git`), and plain unified diffs
+    (`diff -ru`, `diff -u`: a `--- ` line followed by `+++ `, path after its first folder)."""
     files: list[FileDiff] = []
     cur: FileDiff | None = None
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         if line.startswith("diff --git "):
             m = re.match(r"diff --git a/(.*) b/(.*)$", line)
-            cur = FileDiff(m.group(2) if m else line.split()[-1][2:])
+            cur = FileDiff(m.group(2) if m else line.split()[-1][2:], git=True)
+            files.append(cur)
+        elif (line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+              and not (cur is not None and cur.git)):
+            new, old = lines[i + 1][4:].split("\t")[0].strip(), line[4:].split("\t")[0].strip()
+            path = new if new != "/dev/null" else old
+            cur = FileDiff(path.split("/", 1)[1] if "/" in path else path,
+                           new=old == "/dev/null", deleted=new == "/dev/null")
             files.append(cur)
         elif cur is None:
             continue
@@ -71,4 +82,11 @@ def describe_failure(patch_text: str, git_output: str) -> str:
 
 
 def read(path: Path) -> str:
-    return path.read_text(errors="replace")
+    """The patch's text; bytes that are not UTF-8 are kept as they are (surrogateescape), so that
+    `write_bytes(text)` gives the same bytes back (a patch to a Latin-1 file must still apply)."""
+    return path.read_bytes().decode("utf-8", "surrogateescape")
+
+
+def as_bytes(text: str) -> bytes:
+    """The bytes of a text from read()."""
+    return text.encode("utf-8", "surrogateescape")

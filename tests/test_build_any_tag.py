@@ -8,6 +8,7 @@ trees that are: PyTorch v2.6.0 from Debian, and small real git repositories.
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import subprocess
 import sys
@@ -143,11 +144,14 @@ def test_users_patch_by_url_is_downloaded_once(tmp_path, monkeypatch):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/lms.patch"
-        got = resolve(url)
+        with pytest.raises(LmsError, match="plain http without a sha256"):   # http needs PATCH_SHA256
+            resolve(url)
+        digest = hashlib.sha256(SHIPPED.read_bytes()).hexdigest()
+        got = resolve(url, digest)
         assert got.read_bytes() == SHIPPED.read_bytes()
-        assert got.parent == tmp_path / "cache" / "patches"
+        assert got.parent.parent == tmp_path / "cache" / "patches"   # keyed by URL and hash
         (served / "lms.patch").unlink()
-        assert resolve(url) == got  # cached: no second download
+        assert resolve(url, digest) == got  # cached: no second download
     finally:
         httpd.shutdown()
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..buildlock import build_lock
 from ..errors import LmsError
 from ..progress import info, step
 from ..tools import tool_env
@@ -60,15 +61,31 @@ class Plan:
             raise LmsError("the toolchain for this build is incomplete:\n  " +
                            "\n  ".join(c.line() for c in missing),
                            hint="install what is listed, or `--dry-run` to see the whole plan")
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        for i, s in enumerate(self.steps, 1):
-            step(f"[{i}/{len(self.steps)}] {s.title}")
-            start = time.monotonic()
-            if s.action is not None:
-                s.action()
-            if s.command is not None:
-                run_logged(s.command, s.cwd, s.env, self.log)
-            info(f"done in {time.monotonic() - start:.0f}s")
+        folder = self.log.parent
+        # one build at a time in this build folder (a second one waits), each with its own log
+        with build_lock(folder, self.title):
+            self.log = self._run_log(folder)
+            info(f"log: {self.log}")
+            for i, s in enumerate(self.steps, 1):
+                step(f"[{i}/{len(self.steps)}] {s.title}")
+                start = time.monotonic()
+                if s.action is not None:
+                    s.action()
+                if s.command is not None:
+                    run_logged(s.command, s.cwd, s.env, self.log)
+                info(f"done in {time.monotonic() - start:.0f}s")
+
+    def _run_log(self, folder: Path) -> Path:
+        """logs/<time>-<pid>.log in the build folder; build.log beside them names the latest."""
+        logs = folder / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        log.write_text(f"# {self.title}\n")
+        latest = folder / f".{self.log.name}.{os.getpid()}"
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(log.relative_to(folder))
+        os.replace(latest, folder / self.log.name)
+        return log
 
 
 def run_logged(cmd: list[str], cwd: Path | None, env: dict, log: Path) -> None:

@@ -16,15 +16,18 @@ from pathlib import Path
 
 from .. import LMS_BUILD, LMS_VERSION, gitutil
 from ..builders.toolchain import compiler_launcher  # shared with the full build
+from ..archives import extract_zip
 from ..abi import AbiError, AbiReport, check_library, dynamic_section, dynamic_symbols, required_versions
 from ..catalog import REPO_ROOT, framework, profile
+from ..buildlock import build_lock
 from ..errors import LmsError
+from ..fetch import file_sha256
 from ..tools import find_tool
 from . import platform as plat
 from .cudahome import cuda_home
 from .facts import WheelFacts, read_facts
 from .plan import OverlayPlan, plan_overlay
-from .wheelzip import copy_atomic, rewrite_wheel
+from .wheelzip import copy_atomic, rewrite_wheel, verify_record
 from .wheels import DEFAULT_CACHE, fetch_wheel
 
 CACHE = REPO_ROOT / ".cache" / "overlay"
@@ -78,16 +81,29 @@ def _official_parts(official: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".official-", dir=dest.parent))
     try:
-        with zipfile.ZipFile(official) as zf:
-            members = [n for n in zf.namelist() if n.startswith("torch/include/")
-                       or n in ("torch/lib/libc10.so", "torch/lib/libc10_cuda.so")]
-            zf.extractall(tmp, members)
+        extract_zip(official, tmp, select=lambda n: n if n.startswith("torch/include/")
+                    or n in ("torch/lib/libc10.so", "torch/lib/libc10_cuda.so") else None)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _verify_official(official: Path, pins: dict, progress) -> None:
+    """Every member of the official wheel against its RECORD (once per wheel file: a stamp beside it
+    names the wheel's sha256), and a warning when the profile pins no sha256 for this file."""
+    digest = file_sha256(official)
+    if official.name not in pins:
+        progress(f"  warning: {official.name} has no pinned sha256 in the profile (it has {digest}); "
+                 f"pip checked it against the index only")
+    stamp = official.with_name(official.name + ".record-ok")
+    if stamp.is_file() and stamp.read_text().strip() == digest:
+        return
+    progress(f"  checking {official.name} against its RECORD ...")
+    verify_record(official)
+    stamp.write_text(digest + "\n")
 
 
 def _static_cpuinfo() -> Path:
@@ -234,7 +250,9 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
 
     # 2. official wheel and its build facts
     cache = Path(wheel_cache) if wheel_cache else DEFAULT_CACHE
-    official = fetch_wheel(requirement, python=python, cache_dir=cache, progress=progress)
+    official = fetch_wheel(requirement, python=python, cache_dir=cache, progress=progress,
+                           pins=ocfg.get("wheel_sha256"))
+    _verify_official(official, ocfg.get("wheel_sha256") or {}, progress)
     t0 = mark("fetch_wheel", t0)
     facts = read_facts(official, progress=progress)
     progress(f"  official build: torch {facts.torch_version}, CUDA {facts.cuda}, CXX11 ABI={facts.cxx11_abi}, "
@@ -261,8 +279,9 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
         key = hashlib.sha1(f"{tree}|{official.name}|{facts.abi_flags}".encode()).hexdigest()[:12]
         progress(f"  compiling {', '.join('lib' + r + '.so' for r in plan.rebuild)} from {tree} "
                  f"(launcher: {launch or 'none'}) ...")
-        patched = _compile(tree, work_root / f"patched-{key}", targets=tuple(plan.rebuild), home=home,
-                           wheel_torch=wt / "torch", facts=facts, launcher=launch, jobs=jobs, debug=True)
+        with build_lock(work_root / f"patched-{key}", f"compiling {tree}"):  # one compile per folder
+            patched = _compile(tree, work_root / f"patched-{key}", targets=tuple(plan.rebuild), home=home,
+                               wheel_torch=wt / "torch", facts=facts, launcher=launch, jobs=jobs, debug=True)
         t0 = mark("compile_patched", t0)
         pristine_tree = _pristine_tree(tree, base)
         progress(f"  compiling the unpatched {tag} the same way (ABI baseline) ...")
@@ -372,12 +391,17 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
             "abi": {k: r.to_json() for k, r in abi.items()}, "compiler_launcher": launch,
             "timings_s": timings,
         }
+        report["wheel_sha256"] = file_sha256(tmp_wheel)  # which wheel this report describes
         tmp_report = work / (name + ".overlay.json")
         tmp_report.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-        # 7. publish: the wheel appears in dist/ whole or not at all; the report last
+        # 7. publish, each file whole or not at all: the report first, so that a wheel in dist/
+        #    always has its report beside it (the report names the wheel's sha256); both under a
+        #    lock of that dist/ (kept in the work folder), so that two builds never pair one's wheel with the other's report
         final = dist_dir / name
-        copy_atomic(tmp_wheel, final)
-        copy_atomic(tmp_report, dist_dir / tmp_report.name)
+        publish = work_root / f"publish-{hashlib.sha1(str(dist_dir).encode()).hexdigest()[:12]}"
+        with build_lock(publish, f"publishing {name} into {dist_dir}"):
+            copy_atomic(tmp_report, dist_dir / tmp_report.name)
+            copy_atomic(tmp_wheel, final)
         timings["total"] = round(time.monotonic() - t_start, 2)
         progress(f"overlay wheel: {final} ({final.stat().st_size / 1e6:.0f} MB) in {timings['total']:.0f} s "
                  f"({', '.join(f'{k} {v:.0f}s' for k, v in timings.items() if k != 'total')})")

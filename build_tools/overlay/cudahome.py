@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import zipfile
 from pathlib import Path
 
+from ..archives import extract_zip
 from ..catalog import REPO_ROOT
 from ..errors import LmsError
 from .wheels import fetch_wheel
@@ -26,6 +26,19 @@ HEADER_WHEELS = {
     "12.4": ["nvidia-cuda-runtime-cu12==12.4.127", "nvidia-cuda-nvcc-cu12==12.4.131",
              "nvidia-nvml-dev-cu12==12.4.127"],
     "11.7": ["nvidia-cuda-runtime-cu11==11.7.99", "nvidia-cuda-nvcc-cu11==11.7.99"],
+}
+# sha256 of those wheels' files on PyPI (`pip download`, 2026-11-25), checked on every use.
+HEADER_WHEEL_SHA256 = {
+    "nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl":
+        "64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5",
+    "nvidia_cuda_nvcc_cu12-12.4.131-py3-none-manylinux2014_x86_64.whl":
+        "e4c9a35435c3b0e36c6397c5696334c9ea6650e524736cbd1c5d345ea099bb04",
+    "nvidia_nvml_dev_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl":
+        "f3d070140734992f018d46b5fc1663495898637534b94a87cec64bf12bdc584c",
+    "nvidia_cuda_runtime_cu11-11.7.99-py3-none-manylinux1_x86_64.whl":
+        "cc768314ae58d2641f07eac350f40f99dcb35719c4faff4bc458a7cd2b119e31",
+    "nvidia_cuda_nvcc_cu11-11.7.99-py3-none-manylinux1_x86_64.whl":
+        "34f6dfc39a85a5a6f57dfc5ed145a9f903c3f6520a86e7d24b548894769f5e48",
 }
 DEFAULT_ROOT = REPO_ROOT / ".cache" / "cuda-home"
 
@@ -40,6 +53,18 @@ def header_wheels(cuda: str, runtime_pin: str | None = None) -> list[str]:
     return reqs
 
 
+def _header_or_library(name: str) -> str | None:
+    parts = name.split("/")
+    if len(parts) < 4 or parts[0] != "nvidia":
+        return None
+    sub, rel = parts[2], "/".join(parts[3:])
+    if sub == "include":
+        return f"include/{rel}"
+    if sub == "lib" and ".so" in rel:
+        return f"lib/{rel}"
+    return None
+
+
 def cuda_home(cuda: str, *, python: str, runtime_pin: str | None = None, root: Path = DEFAULT_ROOT,
               wheel_cache: Path | None = None, progress=print) -> Path:
     reqs = header_wheels(cuda, runtime_pin)
@@ -47,27 +72,15 @@ def cuda_home(cuda: str, *, python: str, runtime_pin: str | None = None, root: P
     if (dest / "include" / "cuda.h").is_file() and (dest / "lib").is_dir():
         return dest
     kw = {"cache_dir": wheel_cache} if wheel_cache else {}
-    wheels = [fetch_wheel(r, python=python, progress=progress, **kw) for r in reqs]
+    wheels = [fetch_wheel(r, python=python, progress=progress, pins=HEADER_WHEEL_SHA256, **kw) for r in reqs]
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".cuda-home-", dir=root))
     try:
         (tmp / "include").mkdir()
         (tmp / "lib").mkdir()
         for w in wheels:
-            with zipfile.ZipFile(w) as zf:
-                for info in zf.infolist():
-                    parts = info.filename.split("/")
-                    if len(parts) < 4 or parts[0] != "nvidia" or info.is_dir():
-                        continue
-                    sub, rel = parts[2], "/".join(parts[3:])
-                    if sub == "include":
-                        out = tmp / "include" / rel
-                    elif sub == "lib" and ".so" in rel:
-                        out = tmp / "lib" / rel
-                    else:
-                        continue
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_bytes(zf.read(info))
+            # nvidia/<component>/include/** -> include/, nvidia/<component>/lib/*.so* -> lib/
+            extract_zip(w, tmp, select=_header_or_library)
         for lib in (tmp / "lib").glob("libcudart.so.*"):
             link = tmp / "lib" / "libcudart.so"
             if not link.exists():

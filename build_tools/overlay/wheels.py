@@ -1,8 +1,12 @@
-"""Fetching official wheels from PyPI with pip, cached under <repo>/.cache/wheels/.
+"""The one downloader of official wheels (torch, the CUDA header wheels, tensorflow): pip, cached under
+<repo>/.cache/wheels/ (or the caller's folder), checked against pinned sha256s.
 
-The wheel is chosen for the *target* interpreter (`python`), not for the one running the tools: pip is
-run as `<python> -m pip download`, and a cached file is reused only when its tags are among that
-interpreter's supported tags (asked from pip's own vendored `packaging`).
+The wheel is chosen for a *target*: an interpreter (`python`: pip is run as `<python> -m pip download`,
+and a cached file is reused only when its tags are among that interpreter's supported tags, asked
+from pip's own vendored `packaging`), or a CPython version on manylinux x86-64 (`python_version`,
+whatever Python runs the tools). pip checks what it downloads against the index's hashes; `pins`
+({wheel file name: sha256}, kept in the profiles and beside HEADER_WHEELS) are checked on every use,
+cached or not: a wheel that does not match is deleted and refused.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,8 +23,13 @@ from packaging.version import Version
 
 from ..catalog import REPO_ROOT
 from ..errors import LmsError
+from ..fetch import file_sha256
+
+__all__ = ["DEFAULT_CACHE", "WheelNotFound", "cached_wheel", "check_pin", "fetch_wheel", "interpreter_tags",
+           "python_version"]
 
 DEFAULT_CACHE = REPO_ROOT / ".cache" / "wheels"
+TARGET_PLATFORMS = ("manylinux2014_x86_64", "manylinux1_x86_64")
 
 
 class WheelNotFound(LmsError):
@@ -40,10 +50,13 @@ def interpreter_tags(python: str) -> tuple[str, ...]:
     return tuple(json.loads(proc.stdout))
 
 
-def python_version(python: str) -> str:
+def python_version_of(python: str) -> str:
     out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                          stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
     return out
+
+
+python_version = python_version_of  # the older name
 
 
 def _split_req(requirement: str) -> tuple[str, str]:
@@ -53,10 +66,20 @@ def _split_req(requirement: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
-def cached_wheel(requirement: str, python: str, cache_dir: Path = DEFAULT_CACHE) -> Path | None:
+def _version_tags(version: str) -> tuple[str, ...]:
+    """The tags pip accepts for CPython `version` on manylinux x86-64, most specific first."""
+    nodot = version.replace(".", "")
+    plats = [f"manylinux_2_{m}_x86_64" for m in range(17, 4, -1)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
+    out = [f"cp{nodot}-cp{nodot}-{p}" for p in plats] + [f"cp{nodot}-abi3-{p}" for p in plats]
+    out += [f"py3-none-{p}" for p in plats] + [f"cp{nodot}-none-any", "py3-none-any"]
+    return tuple(out)
+
+
+def cached_wheel(requirement: str, python: str | None, cache_dir: Path = DEFAULT_CACHE, *,
+                 version_target: str | None = None) -> Path | None:
     name, version = _split_req(requirement)
     want = canonicalize_name(name)
-    accepted = interpreter_tags(python)
+    accepted = _version_tags(version_target) if version_target else interpreter_tags(python)
     rank = {t: i for i, t in enumerate(accepted)}
     best: tuple[int, Path] | None = None
     if not cache_dir.is_dir():
@@ -74,32 +97,56 @@ def cached_wheel(requirement: str, python: str, cache_dir: Path = DEFAULT_CACHE)
     return best[1] if best else None
 
 
-def fetch_wheel(requirement: str, *, python: str, cache_dir: Path = DEFAULT_CACHE,
-                progress=print) -> Path:
-    """Path of the wheel `name==version` for `python`, downloading it once into `cache_dir`."""
-    hit = cached_wheel(requirement, python, cache_dir)
+def check_pin(wheel: Path, pins: dict | None) -> str | None:
+    """The wheel's sha256 when `pins` names its file (None when it does not); a mismatch deletes the
+    file and raises."""
+    if not pins or wheel.name not in pins:
+        return None
+    want, got = pins[wheel.name].lower(), file_sha256(wheel)
+    if got != want:
+        wheel.unlink()
+        raise LmsError(f"{wheel.name} does not match its pinned sha256 (expected {want}, got {got}); "
+                       f"the file was deleted", hint="run again to download it afresh; if it still differs, "
+                                                     "the index or mirror serves another file than the pin's")
+    return got
+
+
+def fetch_wheel(requirement: str, *, python: str | None = None, python_version: str | None = None,
+                cache_dir: Path = DEFAULT_CACHE, pins: dict | None = None, progress=print) -> Path:
+    """Path of the wheel `name==version` for the interpreter `python` (or for CPython `python_version`
+    on manylinux x86-64), downloading it once into `cache_dir`; checked against `pins` when they name it."""
+    if (python is None) == (python_version is None):
+        raise ValueError("fetch_wheel needs python or python_version")
+    hit = cached_wheel(requirement, python, cache_dir, version_target=python_version)
     if hit:
+        check_pin(hit, pins)
         progress(f"  wheel (cached): {hit}")
         return hit
     cache_dir.mkdir(parents=True, exist_ok=True)
-    progress(f"  downloading {requirement} for {python} (Python {python_version(python)}) into {cache_dir} ...")
-    cmd = [python, "-m", "pip", "download", requirement, "--no-deps", "--only-binary=:all:",
-           "--progress-bar", "off", "-d", str(cache_dir)]
+    pyver = python_version or python_version_of(python)
+    progress(f"  downloading {requirement} for Python {pyver} into {cache_dir} ...")
+    if python:
+        cmd = [python, "-m", "pip", "download", requirement]
+    else:
+        cmd = [sys.executable, "-m", "pip", "download", requirement, "--python-version", python_version]
+        cmd += [a for p in TARGET_PLATFORMS for a in ("--platform", p)]
+    cmd += ["--no-deps", "--only-binary=:all:", "--progress-bar", "off", "-d", str(cache_dir)]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if proc.returncode != 0:
         name, version = _split_req(requirement)
         avail = re.search(r"\(from versions: ([^)]*)\)", proc.stdout)
         raise WheelNotFound(
-            f"no official wheel {requirement} for Python {python_version(python)} on this platform "
+            f"no official wheel {requirement} for Python {pyver} on this platform "
             f"(pip download failed).\n  pip said: "
             + "\n  ".join(line for line in proc.stdout.splitlines() if "ERROR" in line)[-800:]
             + (f"\n  versions pip can see for this interpreter: {avail.group(1)}" if avail else ""),
             hint=(f"use a Python for which {name} {version} publishes wheels, or the full source build "
                   f"(`make build TORCH=<tag> MODE=full`)"))
-    hit = cached_wheel(requirement, python, cache_dir)
+    hit = cached_wheel(requirement, python, cache_dir, version_target=python_version)
     if not hit:
         raise WheelNotFound(f"pip download of {requirement} succeeded but no matching wheel is in {cache_dir}:\n"
                             + proc.stdout[-1500:])
+    check_pin(hit, pins)
     progress(f"  wheel: {hit} ({hit.stat().st_size / 1e6:.0f} MB)")
     return hit

@@ -38,6 +38,7 @@ import zipfile
 from pathlib import Path
 
 from .. import LMS_VERSION
+from ..archives import extract_zip
 from ..errors import LmsError
 
 PREFIX_PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
@@ -172,25 +173,18 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
         try:
             paths, files = [], []
             progress(f"  unpacking {wheel.name} into a conda staging prefix ...")
-            for info in zf.infolist():
-                if info.is_dir():
-                    continue
-                n = info.filename
-                if ".data/" in n.split("/", 1)[0] + "/":
-                    raise CondaPackError(f"{wheel.name}: .data/ members ({n}) are not supported")
-                rel = f"{sp}/{n}"
-                dest = stage / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
+            def staged(info: zipfile.ZipInfo, dest: Path) -> None:
+                if ".data/" in info.filename.split("/", 1)[0] + "/":
+                    raise CondaPackError(f"{wheel.name}: .data/ members ({info.filename}) are not supported")
                 h = hashlib.sha256()
-                with zf.open(info) as src, open(dest, "wb") as out:
-                    while chunk := src.read(8 << 20):
+                with dest.open("rb") as f:
+                    while chunk := f.read(8 << 20):
                         h.update(chunk)
-                        out.write(chunk)
-                mode = (info.external_attr >> 16) & 0o777
-                if mode & 0o111:
-                    os.chmod(dest, 0o755)
-                paths.append({"_path": rel, "path_type": "hardlink", "sha256": h.hexdigest(),
-                              "size_in_bytes": dest.stat().st_size})
+                paths.append({"_path": dest.relative_to(stage).as_posix(), "path_type": "hardlink",
+                              "sha256": h.hexdigest(), "size_in_bytes": dest.stat().st_size})
+
+            # every member under site-packages/, names checked (build_tools.archives)
+            extract_zip(zf, stage, select=lambda n: f"{sp}/{n}", on_file=staged)
             installer = f"{sp}/{di}/INSTALLER"
             (stage / installer).write_text("conda\n")
             data = b"conda\n"

@@ -13,20 +13,23 @@ from pathlib import Path
 
 from .. import patchfile
 from ..errors import LmsError
+from ..fetch import fetch, file_sha256, is_url
 from ..upstream import cache_dir
-from ..upstream.tarball import download
 
 MBOX_HEAD = re.compile(r"^From [0-9a-f]{7,40} ", re.MULTILINE)
 
 
-def resolve(spec: str) -> Path:
-    """The patch file for `spec` (a path or an http(s) URL), ready for `git am`."""
-    if re.match(r"^https?://", spec):
-        path = download(spec, cache_dir() / "patches")
+def resolve(spec: str, sha256: str | None = None) -> Path:
+    """The patch file for `spec` (a path or an https URL; http:// needs `sha256`), ready for `git am`.
+    With `sha256`, the patch (downloaded or local) must have that hash."""
+    if is_url(spec):
+        path = fetch(spec, cache_dir() / "patches", sha256=sha256)
     else:
         path = Path(spec).expanduser().resolve()
         if not path.is_file():
-            raise LmsError(f"PATCH {spec} not found", hint="give a patch file's path or an http(s) URL")
+            raise LmsError(f"PATCH {spec} not found", hint="give a patch file's path or an https URL")
+        if sha256 and file_sha256(path) != sha256.strip().lower().removeprefix("sha256:"):
+            raise LmsError(f"PATCH {path} does not match PATCH_SHA256 {sha256}")
     text = patchfile.read(path)
     diffs = patchfile.parse(text)
     if not diffs:
@@ -39,7 +42,8 @@ def resolve(spec: str) -> Path:
 
 def _as_mbox(path: Path, text: str, nfiles: int) -> Path:
     """`text` (a plain diff) as a one-commit mbox in the cache, named by its content."""
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    body = patchfile.as_bytes(text)   # the user's bytes as they are, UTF-8 or not
+    digest = hashlib.sha256(body).hexdigest()[:16]
     out = cache_dir() / "patches" / f"{path.stem}-{digest}.mbox.patch"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -50,6 +54,6 @@ def _as_mbox(path: Path, text: str, nfiles: int) -> Path:
                 f"Applied by the LMS build tools from the plain diff {path} ({nfiles} file(s)).\n"
                 "---\n")
         tmp = out.with_suffix(".part")
-        tmp.write_text(head + text if text.endswith("\n") else head + text + "\n")
+        tmp.write_bytes(head.encode() + body + (b"" if body.endswith(b"\n") else b"\n"))
         tmp.replace(out)
     return out

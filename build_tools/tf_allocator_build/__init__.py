@@ -24,10 +24,11 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping
+
+from ..archives import extract_zip
 
 REPO = Path(__file__).resolve().parents[2]
 TF_VERSION = "2.14.1"
@@ -87,28 +88,12 @@ def lms_sources(tag: str = TAG) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------
 # The wheel.
-def pip_wheel(requirement: str, python_version: str, cache: Path, glob: str, say=log) -> Path:
-    """The wheel matching ``glob`` in ``cache``; when there is none, ``requirement`` for CPython
-    ``python_version`` on manylinux x86-64 is downloaded there once with pip (PyPI or the
-    configured mirror), whatever Python runs this."""
-    found = sorted(cache.glob(glob))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        say(f"downloading {requirement} (Python {python_version} wheel) into {cache}")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps",
-             "--only-binary=:all:", "--python-version", python_version,
-             "--platform", "manylinux2014_x86_64", requirement, "-d", str(cache)],
-            check=True)
-        found = sorted(cache.glob(glob))
-    if not found:
-        raise SystemExit(f"no {glob} in {cache}")
-    return found[-1]
-
-
 def wheel_file(cache: Path) -> Path:
-    """The tensorflow-cpu wheel for WHEEL_PY in ``cache`` (downloaded once with pip)."""
-    return pip_wheel(f"tensorflow-cpu=={TF_VERSION}", WHEEL_PY, cache, WHEEL_GLOB)
+    """The tensorflow-cpu wheel for WHEEL_PY in ``cache`` (downloaded once with pip, whatever Python
+    runs this: the tools' one wheel downloader)."""
+    from ..overlay.wheels import fetch_wheel
+    return fetch_wheel(f"tensorflow-cpu=={TF_VERSION}", python_version=WHEEL_PY, cache_dir=cache,
+                       progress=log)
 
 
 def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:
@@ -123,11 +108,8 @@ def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:
     log(f"extracting headers and libtensorflow_framework.so.2 from {wheel.name}")
     if out.exists():
         shutil.rmtree(out)
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            if name.startswith("tensorflow/include/") or \
-                    name == "tensorflow/libtensorflow_framework.so.2":
-                z.extract(name, out)
+    extract_zip(wheel, out, select=lambda n: n if n.startswith("tensorflow/include/")
+                or n == "tensorflow/libtensorflow_framework.so.2" else None)
     marker.write_text(wheel.name + "\n")
     return out
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import zipfile
+from ..archives import extract_zip
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,8 +41,8 @@ def log(msg: str) -> None:
 
 def wheel_file(cache: Path) -> Path:
     """The GPU wheel (cp311, ~490 MB) in ``cache``, downloaded once with pip."""
-    from ..tf_allocator_build import pip_wheel
-    return pip_wheel(f"tensorflow=={TF_VERSION}", "3.11", cache, WHEEL_GLOB, say=log)
+    from ..overlay.wheels import fetch_wheel
+    return fetch_wheel(f"tensorflow=={TF_VERSION}", python_version="3.11", cache_dir=cache, progress=log)
 
 
 def _dynamic_symbols(lib: Path) -> list[str]:
@@ -63,10 +63,7 @@ def ensure(cache: Path = DEFAULT_CACHE, wheel: Path | None = None) -> Path:
     if out.exists():
         shutil.rmtree(out)
     log(f"extracting headers and symbol tables from {wheel.name}")
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            if name.startswith("tensorflow/include/") or name in WHEEL_LIBS:
-                z.extract(name, out)
+    extract_zip(wheel, out, select=lambda n: n if n.startswith("tensorflow/include/") or n in WHEEL_LIBS else None)
     (out / "symbols").mkdir()
     for rel in WHEEL_LIBS:
         lib = out / rel

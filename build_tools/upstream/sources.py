@@ -17,6 +17,7 @@ from pathlib import Path
 from .. import catalog, gitutil
 from ..catalog import Framework
 from ..errors import LmsError
+from ..fetch import fetch, is_url
 from ..progress import info, step
 from . import debian, tarball
 
@@ -48,9 +49,12 @@ class Source:
     @property
     def repo(self) -> Path:
         """The cached bare repo for this source: all tarball imports of a framework share one, so
-        tags from different tarballs can be rebased onto each other; each git URL gets its own."""
+        tags from different tarballs can be rebased onto each other; Debian's imports have their own
+        (a tag imported from a user's tarball is never served as Debian's); each git URL gets its own."""
         base = cache_dir() / "git" / self.framework.name
-        if self.kind in ("tarball", "debian"):
+        if self.kind == "debian":
+            return base / "debian.git"
+        if self.kind == "tarball":
             return base / "tarballs.git"
         slug = re.sub(r"[^A-Za-z0-9]+", "-", self.location).strip("-")[-40:]
         return base / f"{slug}-{hashlib.sha1(self.location.encode()).hexdigest()[:8]}.git"
@@ -90,7 +94,7 @@ class Source:
                                              cache_dir() / "apt", cache_dir() / "downloads")
         else:
             loc = self.location
-            path = tarball.download(loc, cache_dir() / "downloads") if re.match(r"^https?://", loc) else Path(loc)
+            path = fetch(loc, cache_dir() / "downloads") if is_url(loc) else Path(loc)
             if not path.is_file():
                 raise LmsError(f"source tarball {loc} not found")
         commit = tarball.import_tarball(self.framework, path, tag, expected, self.repo, cache_dir() / "scratch")

@@ -1,17 +1,16 @@
-"""Source tarballs: download with progress, import once into a cached git repo under a tag."""
+"""Source tarballs: unpack safely, import once into a cached git repo under a tag (downloads: build_tools.fetch)."""
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from .. import gitutil
 from ..catalog import Framework
+from ..archives import extract_tar
 from ..errors import LmsError
+from ..fetch import file_sha256
 from ..progress import Counter, info, step
 
 TARBALL_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz", ".tar.bz2", ".tar.zst", ".tar")
@@ -24,82 +23,19 @@ def is_tarball_name(name: str) -> bool:
     return name.lower().endswith(TARBALL_SUFFIXES)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def download(url: str, downloads: Path) -> Path:
-    """Fetch `url` into `downloads` (cached by file name); a partial download never takes the final name."""
-    downloads.mkdir(parents=True, exist_ok=True)
-    final = downloads / Path(url.split("?")[0]).name
-    if final.exists():
-        info(f"cached: {final}")
-        return final
-    step(f"downloading {url}")
-    fd, tmp = tempfile.mkstemp(prefix=final.name + ".", suffix=".part", dir=downloads)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, os.fdopen(fd, "wb") as out:
-            total = int(r.headers.get("Content-Length") or 0) or None
-            c = Counter("downloaded", total, unit="B")
-            for chunk in iter(lambda: r.read(1 << 20), b""):
-                out.write(chunk)
-                c.add(len(chunk))
-            c.done()
-        os.replace(tmp, final)
-    except OSError as e:
-        raise LmsError(f"could not download {url}: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return final
-
-
-def _link_escapes(m: tarfile.TarInfo) -> bool:
-    """Whether a link member points outside the extraction folder (symlinks resolve from their own
-    folder, hard links from the archive root)."""
-    if m.linkname.startswith("/"):
-        return True
-    base = "" if m.islnk() else os.path.dirname(m.name)
-    target = os.path.normpath(os.path.join(base, m.linkname))
-    return target == ".." or target.startswith("../")
-
-
-def _safe_members(tf: tarfile.TarFile, c: Counter):
-    """The members that stay inside the extraction folder, as plain files, folders and links.
-
-    tarfile's own guard (`filter=`) exists only from Python 3.11.4 (3.10.12), so the same rule is
-    applied here on every version: nothing written or linked outside the folder, no devices or
-    fifos, no ownership, no set-id bits."""
-    for m in tf:
-        c.add()
-        if m.name.startswith("/") or ".." in Path(m.name).parts:
-            continue
-        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
-            continue
-        if (m.issym() or m.islnk()) and _link_escapes(m):
-            continue
-        m.uid = m.gid = 0
-        m.uname = m.gname = ""
-        m.mode &= 0o777
-        yield m
-
-
 def extract(tarball: Path, into: Path) -> Path:
-    """Extract and return the tree root (the tarball's single top folder, if it has one)."""
+    """Extract and return the tree root (the tarball's single top folder, if it has one).
+
+    Unpacked by build_tools.archives: a member that would land outside `into` refuses the tarball."""
     step(f"extracting {tarball.name}")
     c = Counter("files", unit="")
-    # The members are vetted by _safe_members; where tarfile has filters, say so (else 3.12+ warns
-    # and 3.14 would apply its own, stricter default on top).
-    kw = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
     try:
-        with tarfile.open(tarball) as tf:
-            tf.extractall(into, members=_safe_members(tf, c), numeric_owner=True, **kw)
-    except (tarfile.TarError, OSError, EOFError) as e:
+        extract_tar(tarball, into, progress=c.add)
+    except (tarfile.TarError, EOFError) as e:
         raise LmsError(f"{tarball} is not a readable tarball: {e}") from None
+    except OSError as e:
+        raise LmsError(f"could not extract {tarball} into {into}: "
+                       f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}") from None
     c.done()
     entries = [p for p in into.iterdir()]
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else into
@@ -110,7 +46,7 @@ def import_tarball(fw: Framework, tarball: Path, tag: str, expected_version: str
 
     A tag already imported from the same tarball (same sha256) is reused; from a different one, refused.
     """
-    digest = sha256(tarball)
+    digest = file_sha256(tarball)
     gitutil.init_bare(repo)
     if gitutil.has_ref(repo, f"refs/tags/{tag}"):
         msg = gitutil.run(repo, "log", "-1", "--format=%B", f"refs/tags/{tag}").out
