@@ -47,7 +47,11 @@ RECORD = HERE / "records" / "loops.jsonl"
 TABLE = HERE / "RESULTS-loops.md"
 LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard.evicted_bytes",
                 "guard.ooms_caught", "swap.fetched_on_demand", "swap.guard_fetched",
-                "optim.out_bytes", "optim.in_bytes", "optim.net_evicted_bytes")
+                "swap.planned_count", "swap.reactive_count", "swap.chunked_losses",
+                "swap.profile_exact", "swap.profile_scaled", "swap.forwards_abandoned",
+                "swap.backward_saves", "swap.prefetched", "guard.host_bytes")
+LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
+              "policy.dev0.forward_end_bytes", "host.in_use_bytes", "host.reserved_bytes")
 
 
 # ----------------------------------------------------------------------------- child
@@ -128,10 +132,11 @@ def child(args):
             now = counters()
             rec.update({k: now[k] - before.get(k, 0) for k in now})
             before = now
+            if lms is not None:
+                st = lms.stats()
+                rec.update({k: st.get(k) for k in LMS_LEVELS})
             steps.append(rec)
             print("STEP " + json.dumps(rec), flush=True)
-        if lms is not None:
-            result["lms_stats"] = {k: v for k, v in lms.stats().items() if v is not None}
     except torch.OutOfMemoryError as e:
         kind = type(e).__name__
         result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
@@ -139,6 +144,8 @@ def child(args):
     except Exception as e:  # noqa: BLE001  (a loop that breaks is a result, not a crash)
         result["status"] = f"error: {type(e).__name__}"
         result["error"] = str(e)[:600]
+    if lms is not None:  # what the layer had done, also where the loop failed
+        result["lms_stats"] = {k: v for k, v in lms.stats().items() if v is not None}
     result["steps"] = steps
     result["steps_done"] = len(steps)
     result["peak_alloc"] = torch.cuda.max_memory_allocated()
@@ -166,8 +173,9 @@ def add_bound(row, stock_row):
     total_s = sum(s["s"] for s in timed)
     bound = copy = 0.0
     for s in timed:
-        c = pcie_step_s(s.get("swap.out_bytes", 0) + s.get("optim.out_bytes", 0),
-                        s.get("swap.in_bytes", 0) + s.get("optim.in_bytes", 0), FACTS_RATES)
+        # every byte the layer moved: its planned copies and the net's synchronous ones
+        c = pcie_step_s(s.get("swap.out_bytes", 0) + s.get("guard.evicted_bytes", 0),
+                        s.get("swap.in_bytes", 0), FACTS_RATES)
         b = base.get(s["i"])
         comp = b["s"] * s["units"] / b["units"] if b else 0.0
         bound += max(comp, c)
@@ -179,10 +187,9 @@ def add_bound(row, stock_row):
     row["copy_s"] = copy
     row["net_interventions"] = sum(s.get("guard.ooms_caught", 0) for s in timed)
     row["net_interventions_all"] = sum(s.get("guard.ooms_caught", 0) for s in row["steps"])
-    row["out_gb_per_iter"] = sum(s.get("swap.out_bytes", 0) + s.get("optim.out_bytes", 0)
+    row["out_gb_per_iter"] = sum(s.get("swap.out_bytes", 0) + s.get("guard.evicted_bytes", 0)
                                  for s in timed) / max(1, len(timed)) / 1e9
-    row["in_gb_per_iter"] = sum(s.get("swap.in_bytes", 0) + s.get("optim.in_bytes", 0)
-                                for s in timed) / max(1, len(timed)) / 1e9
+    row["in_gb_per_iter"] = sum(s.get("swap.in_bytes", 0) for s in timed) / max(1, len(timed)) / 1e9
 
 
 def machine():

@@ -13,8 +13,8 @@ gradient block by block from them.  At most the input and its gradient are alive
 block.  The values are those of the same formula (log-sum-exp minus the target's logit;
 softmax minus one-hot), rounded in another order: not bitwise equal to stock's kernels.
 So the swapper uses it only where stock's could not fit (``chunked_loss="auto"``: the
-allocation now plus two more tensors of the input's size would be over the device's
-limit) and counts each use (``swap.chunked_losses``); ``chunked_loss=False`` never does,
+allocation now plus one and a half more tensors of the input's size would be over
+what the caching allocator can have) and counts each use (``swap.chunked_losses``); ``chunked_loss=False`` never does,
 ``True`` always does for inputs of at least ``MIN_BYTES``.
 """
 
