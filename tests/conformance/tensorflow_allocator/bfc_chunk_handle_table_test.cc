@@ -3,6 +3,8 @@
 // built into the same program as lms_bfc_allocator_test.cc.
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -62,6 +64,48 @@ TEST(BfcChunkHandleTable, OnlyWrittenSlotsTakeMemoryAndGrowthKeepsThem) {
   EXPECT_EQ(moved.size(), 2 * n);
   EXPECT_EQ(moved.Get(2 * n - 1), 7u);
   EXPECT_EQ(moved.Get(stride), 1u);
+}
+
+// The VmFlags of the mapping of exactly 'bytes' (Linux: /proc/self/smaps);
+// "" when there is none.
+std::string VmFlagsOfMappingOf(size_t bytes) {
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return "";
+  char line[512];
+  bool in = false;
+  std::string flags;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo, hi;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's line
+      in = hi - lo == bytes;
+    } else if (in && std::strncmp(line, "VmFlags:", 8) == 0) {
+      flags = line + 8;
+      break;
+    }
+  }
+  std::fclose(f);
+  return flags;
+}
+
+// The table is address space, not a commitment: its mmap says MAP_NORESERVE
+// (VmFlags "nr"), so a large table cannot fail for want of swap under strict
+// overcommit, and keeps it when grown.  Sizes are odd so that the mapping is
+// found by its size.
+TEST(BfcChunkHandleTable, MappedWithoutReservingSwap) {
+  const size_t n = 12345679, page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto bytes = [&](size_t slots) {
+    return (slots * sizeof(size_t) + page - 1) / page * page;
+  };
+  BfcChunkHandleTable t(n);
+  t.Set(3, 3);
+  std::string flags = VmFlagsOfMappingOf(bytes(n));
+  ASSERT_FALSE(flags.empty()) << "no mapping of " << bytes(n) << " bytes";
+  EXPECT_NE(flags.find(" nr"), std::string::npos) << flags;
+  t.Resize(3 * n);
+  flags = VmFlagsOfMappingOf(bytes(3 * n));
+  ASSERT_FALSE(flags.empty());
+  EXPECT_NE(flags.find(" nr"), std::string::npos) << flags;
+  EXPECT_EQ(t.Get(3), 3u);
 }
 
 }  // namespace
