@@ -136,8 +136,8 @@ TEST(LmsFailure, NoGateRefusesToMovePagesOfLiveTensors) {
 // (2) A double fault in a spill: the second page's map fails, and putting the
 // first page back fails too.  That page stays on its new (host) copy, the
 // other goes back; no page is recycled while still mapped, so the tensors
-// allocated afterwards (up to twice the device) never share memory with it:
-// every byte of every block is checked at the end.
+// spilled and allocated afterwards (up to twice the device) never share
+// memory with it: every byte of every block is checked at the end.
 TEST(LmsFailure, DoubleFaultDuringAMoveSharesNoPage) {
   Env unsafe("TF_LMS_UNSAFE_MOVE_WITHOUT_GATE", "1");
   Raw r;
@@ -154,6 +154,10 @@ TEST(LmsFailure, DoubleFaultDuringAMoveSharesNoPage) {
   EXPECT_NE(err.find("stay on their new copy"), std::string::npos) << err;
   for (int i = 0; i < 8; ++i) EXPECT_EQ(Bad(v[i], kD / 8, 100 + i), 0u) << i;
   if (q != nullptr) r.bfc->DeallocateRaw(q);
+  // The next spill takes another block, whose pages land on the host pages
+  // the failed move gave back: had one of them still been mapped under
+  // block 0, block 1's bytes would now show there.
+  r.bfc->LmsTouch(v[0]);
   // Up to twice the device, each block written after it is served.
   for (int i = 8; i < 16; ++i) {
     void* p = r.bfc->AllocateRaw(64, kD / 8);
