@@ -50,6 +50,9 @@ TREE_HEADERS = [
     "tensorflow/tsl/framework/lms_sub_allocator.h",
     "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.h",
     "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h",
+    # the launch gate's core (patches/shared/, placed by patches/tensorflow/shared.toml): included
+    # by the CUDA page backend, and by lms_cupti_search_test.cc on both targets
+    "tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc",
 ]
 TREE_SOURCES = [
     "tensorflow/tsl/framework/bfc_allocator.cc",
@@ -63,9 +66,7 @@ TREE_SOURCES = [
 # LMS files an older tree (a patch from before they were split out) lacks: skipped when absent, so
 # that the new tests can be built against the old code to show them failing there.
 OPTIONAL_TREE_SOURCES = {"tensorflow/tsl/framework/lms_settings.cc"}
-# the launch gate's core (patches/shared/, placed by patches/tensorflow/shared.toml), included by
-# the page backend
-TREE_CUDA_HEADERS = ["tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc"]
+TREE_CUDA_HEADERS: list[str] = []
 TREE_CUDA_SOURCES = ["tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"]
 UPSTREAM_TEST = "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator_test.cc"
 
@@ -304,7 +305,7 @@ def build(tree: Path, target: str = "cpu", out: Path | None = None,
     obj = objdir / "upstream_gpu_bfc_allocator_test.o"
     jobs_list.append(([cxx, *common, *up_flags, "-c", str(adapted), "-o", str(obj)], adapted, obj))
     support = "lms_test_support_cuda.cc" if target == "cuda" else "lms_test_support_cpu.cc"
-    for name in ("lms_bfc_allocator_test.cc", "lms_failure_test.cc",
+    for name in ("lms_bfc_allocator_test.cc", "lms_failure_test.cc", "lms_cupti_search_test.cc",
                  "bfc_chunk_handle_table_test.cc", support):
         src = CONFORMANCE / name
         obj = objdir / (src.stem + ".o")
@@ -399,6 +400,7 @@ LMS_TESTS = (
     "LmsFailure.FailedSwapInReportsTheErrorAndLosesNothing",
     "LmsFailure.GarbageCollectionUnmapsInAQuietScope",
     "LmsFailure.HostMemLimitBadNegativeAndHugeValues",
+    "LmsLaunchGate.FindsCuptiWherePipAndTheToolkitPutIt",
 )
 # gtest skips the writers test where the launch gate is inactive
 WRITERS_TEST = "LmsBfc.WritersOnOtherThreadsWhilePagesMove"

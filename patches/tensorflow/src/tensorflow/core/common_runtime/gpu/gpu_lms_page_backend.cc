@@ -68,8 +68,10 @@ namespace {
 // stopped: a gate switched off and on again mid-run would lose the exits of
 // calls in flight.  TF_LMS_LAUNCH_GATE=0 (or false/off) leaves it off.
 //
-// CUPTI (dlopen'ed by the core: libcupti.so from the loader path, CUDA_HOME
-// or /usr/local/cuda) takes one subscriber per process, and TensorFlow's
+// CUPTI (dlopen'ed by the core, cupti_search_paths: the loader path,
+// LD_LIBRARY_PATH, CUDA_HOME/CUDA_PATH, pip's site-packages/nvidia/cuda_cupti
+// or nvidia/cu13 beside this library, /usr/local/cuda) takes one subscriber
+// per process, and TensorFlow's
 // profiler (tf.profiler, the GPU tracer of TensorBoard's profile plugin) is
 // a CUPTI subscriber too: under a profiler that subscribed first the gate
 // cannot subscribe (launch_gate_inactive_reason 2).  Without an active gate
