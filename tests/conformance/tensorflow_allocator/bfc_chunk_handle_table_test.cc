@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -66,45 +67,61 @@ TEST(BfcChunkHandleTable, OnlyWrittenSlotsTakeMemoryAndGrowthKeepsThem) {
   EXPECT_EQ(moved.Get(stride), 1u);
 }
 
-// The VmFlags of the mapping of exactly 'bytes' (Linux: /proc/self/smaps);
-// "" when there is none.
-std::string VmFlagsOfMappingOf(size_t bytes) {
+// The mappings of this process (Linux: /proc/self/smaps) of at least
+// 'min_bytes': "lo-hi" -> VmFlags.
+std::map<std::string, std::string> BigMappings(size_t min_bytes) {
+  std::map<std::string, std::string> out;
   FILE* f = std::fopen("/proc/self/smaps", "r");
-  if (f == nullptr) return "";
+  if (f == nullptr) return out;
   char line[512];
-  bool in = false;
-  std::string flags;
+  std::string range;
   while (std::fgets(line, sizeof line, f) != nullptr) {
     unsigned long lo, hi;
     if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's line
-      in = hi - lo == bytes;
-    } else if (in && std::strncmp(line, "VmFlags:", 8) == 0) {
-      flags = line + 8;
-      break;
+      range = hi - lo >= min_bytes ? std::string(line, std::strchr(line, ' '))
+                                   : std::string();
+    } else if (!range.empty() && std::strncmp(line, "VmFlags:", 8) == 0) {
+      out[range] = line + 8;
     }
   }
   std::fclose(f);
-  return flags;
+  return out;
+}
+
+// The mappings that 'after' has and 'before' had not (new or grown ones).
+std::map<std::string, std::string> Added(
+    const std::map<std::string, std::string>& before,
+    const std::map<std::string, std::string>& after) {
+  std::map<std::string, std::string> out;
+  for (const auto& m : after) {
+    if (before.count(m.first) == 0) out.insert(m);
+  }
+  return out;
 }
 
 // The table is address space, not a commitment: its mmap says MAP_NORESERVE
 // (VmFlags "nr"), so a large table cannot fail for want of swap under strict
-// overcommit, and keeps it when grown.  Sizes are odd so that the mapping is
-// found by its size.
+// overcommit, and keeps it when grown.  The table's mapping is told apart as
+// the one of its size or more that appears (the kernel may merge it with a
+// neighbour of the same flags).
 TEST(BfcChunkHandleTable, MappedWithoutReservingSwap) {
-  const size_t n = 12345679, page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  auto bytes = [&](size_t slots) {
-    return (slots * sizeof(size_t) + page - 1) / page * page;
-  };
+  const size_t n = 12345679;  // 94 MiB of slots
+  const size_t bytes = n * sizeof(size_t);
+  auto before = BigMappings(bytes);
   BfcChunkHandleTable t(n);
   t.Set(3, 3);
-  std::string flags = VmFlagsOfMappingOf(bytes(n));
-  ASSERT_FALSE(flags.empty()) << "no mapping of " << bytes(n) << " bytes";
-  EXPECT_NE(flags.find(" nr"), std::string::npos) << flags;
+  auto added = Added(before, BigMappings(bytes));
+  ASSERT_FALSE(added.empty()) << "no new mapping of " << bytes << " bytes";
+  for (const auto& m : added) {
+    EXPECT_NE(m.second.find(" nr"), std::string::npos) << m.first << m.second;
+  }
+  before = BigMappings(3 * bytes);
   t.Resize(3 * n);
-  flags = VmFlagsOfMappingOf(bytes(3 * n));
-  ASSERT_FALSE(flags.empty());
-  EXPECT_NE(flags.find(" nr"), std::string::npos) << flags;
+  added = Added(before, BigMappings(3 * bytes));
+  ASSERT_FALSE(added.empty());
+  for (const auto& m : added) {
+    EXPECT_NE(m.second.find(" nr"), std::string::npos) << m.first << m.second;
+  }
   EXPECT_EQ(t.Get(3), 3u);
 }
 

@@ -305,6 +305,44 @@ TEST(LmsFailure, GarbageCollectionUnmapsInAQuietScope) {
   other.DeallocateRaw(w);
 }
 
+// (4) Pinned host pages are given back after a spike: a step that spilled the
+// whole device keeps its pages for the next step (creating pinned pages is
+// slow), but once a later step needed only two blocks' worth, the idle pages
+// above that go back to the system when everything has come back.
+TEST(LmsFailure, PinnedHostPagesGivenBackAfterASpike) {
+  Env unsafe("TF_LMS_UNSAFE_MOVE_WITHOUT_GATE", "1");
+  Raw r = MakeRaw(2 * kD);
+  std::vector<void*> v = FillDevice(&r, 800);
+  auto step = [&](int blocks, uint32_t seed) {
+    std::vector<void*> extra;
+    for (int i = 0; i < blocks; ++i) {
+      void* p = r.bfc->AllocateRaw(64, kD / 8);
+      CHECK(p != nullptr) << r.bfc->LmsLastError();
+      Fill(p, kD / 8, seed + i);
+      extra.push_back(p);
+    }
+    for (int i = blocks - 1; i >= 0; --i) {
+      EXPECT_EQ(Bad(extra[i], kD / 8, seed + i), 0u);
+      r.bfc->DeallocateRaw(extra[i]);
+    }
+    return r.bfc->GetLmsStats();
+  };
+  LmsStats s = step(8, 900);  // the spike: the whole device spilled
+  ASSERT_EQ(s.host_bytes_in_use, 0);
+  const int64_t spike = s.host_bytes_reserved;
+  EXPECT_GE(spike, static_cast<int64_t>(kD / 2));  // kept for the next step
+  // A step that spills two blocks (freeing them is a batch: a return).
+  s = step(2, 950);
+  LOG(INFO) << "after a small step:\n" << s.DebugString();
+  ASSERT_EQ(s.host_bytes_in_use, 0);
+  // (what that step had on the host at most: its blocks and a neighbour)
+  EXPECT_LE(s.host_bytes_reserved, static_cast<int64_t>(3 * kD / 8))
+      << "the spike's pinned pages were not given back";
+  EXPECT_LT(s.host_bytes_reserved, spike);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(Bad(v[i], kD / 8, 800 + i), 0u) << i;
+  for (void* p : v) r.bfc->DeallocateRaw(p);
+}
+
 // (4) TF_GPU_HOST_MEM_LIMIT_IN_MB: bad and negative values are refused (the
 // default is used), huge ones capped: 'mb << 20' never wraps around.
 TEST(LmsFailure, HostMemLimitBadNegativeAndHugeValues) {

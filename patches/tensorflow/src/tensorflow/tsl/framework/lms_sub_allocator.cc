@@ -354,6 +354,7 @@ Status LmsVirtualMemSubAllocator::MapFresh(size_t index, bool host) {
   if (host) {
     ++host_mapped_;
     peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
+    window_peak_host_ = std::max(window_peak_host_, host_mapped_);
   } else {
     ++device_mapped_;
   }
@@ -456,7 +457,29 @@ Status LmsVirtualMemSubAllocator::MoveRun(
     }
   }
   peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
+  window_peak_host_ = std::max(window_peak_host_, host_mapped_);
   return s;
+}
+
+size_t LmsVirtualMemSubAllocator::TrimHostPool() {
+  const size_t keep = std::max(host_reserve_pages_, window_peak_host_);
+  window_peak_host_ = host_mapped_;
+  std::vector<LmsPageBackend::PageHandle> give;
+  {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    const size_t in_use = host_created_ - host_pool_.size();
+    const size_t idle_keep = keep > in_use ? keep - in_use : 0;
+    while (host_pool_.size() > idle_keep) {
+      give.push_back(host_pool_.back());
+      host_pool_.pop_back();
+    }
+    host_created_ -= give.size();
+  }
+  for (auto h : give) backend_->DestroyPage(/*host=*/true, h);
+  if (!give.empty()) {
+    VLOG(1) << "LMS: gave back " << give.size() << " idle host pages";
+  }
+  return give.size();
 }
 
 Status LmsVirtualMemSubAllocator::RepairHoles() {

@@ -251,6 +251,13 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   // hole.  Call with the allocator's lock held, in a QuietScope.
   Status RepairHoles();
   size_t holes() const { return holes_.size(); }
+  // Gives back (destroys) idle host pages above a watermark: the most host
+  // pages in use since the last trim, or the reserve, whichever is more.
+  // Pinned memory returns to the system after a spike, while a steady
+  // training loop keeps what its next step spills into (creating pinned
+  // pages runs at a tenth of the copy).  Called after a return that brought
+  // every spilled page back; returns the pages given back.
+  size_t TrimHostPool();
   // The last driver error of BackRange (OK if none since cleared).
   const Status& last_map_error() const { return last_map_error_; }
   void clear_last_map_error() { last_map_error_ = OkStatus(); }
@@ -385,6 +392,7 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   bool warned_unsafe_ = false;
   std::string host_limit_setting_ = "TF_GPU_HOST_MEM_LIMIT_IN_MB";
   size_t device_mapped_ = 0, host_mapped_ = 0, peak_host_mapped_ = 0;
+  size_t window_peak_host_ = 0;  // the most host pages mapped since a trim
   size_t quiet_depth_ = 0, quiet_scopes_ = 0;
   int64_t spill_ns_ = 0, fetch_ns_ = 0;
 
