@@ -58,6 +58,7 @@ TREE_SOURCES = [
     "tensorflow/tsl/framework/bfc_allocator.cc",
     "tensorflow/tsl/framework/bfc_allocator_lms.cc",
     "tensorflow/tsl/framework/bfc_chunk_handle_table.cc",
+    "tensorflow/tsl/framework/lms_page_moves.cc",
     "tensorflow/tsl/framework/lms_posix_page_backend.cc",
     "tensorflow/tsl/framework/lms_settings.cc",
     "tensorflow/tsl/framework/lms_sub_allocator.cc",
@@ -65,7 +66,8 @@ TREE_SOURCES = [
 ]
 # LMS files an older tree (a patch from before they were split out) lacks: skipped when absent, so
 # that the new tests can be built against the old code to show them failing there.
-OPTIONAL_TREE_SOURCES = {"tensorflow/tsl/framework/lms_settings.cc"}
+OPTIONAL_TREE_SOURCES = {"tensorflow/tsl/framework/lms_page_moves.cc",
+                         "tensorflow/tsl/framework/lms_settings.cc"}
 TREE_CUDA_HEADERS: list[str] = []
 TREE_CUDA_SOURCES = ["tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"]
 UPSTREAM_TEST = "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator_test.cc"
