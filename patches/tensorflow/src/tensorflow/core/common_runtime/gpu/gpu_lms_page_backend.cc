@@ -318,6 +318,22 @@ class GpuLmsPageBackend : public LmsPageBackend {
     cuStreamSynchronize(stream_);
     return PutBack(base, moved + (hole ? 1 : 0), moved, from, to, s, placed);
   }
+  // Several GPUs.  The gate is process-wide: while this GPU's mover has it
+  // closed, launches for other GPUs wait too.  That is what keeps a move safe
+  // from them: the pages under tensors are mapped for the peer GPUs too
+  // (MapLocked), and cross-device copies and NCCL kernels (single-process
+  // NCCL may read a peer's buffers directly) run in other GPUs' contexts.
+  // Its cost: if work already queued on this GPU waits for a launch on
+  // another GPU (a collective whose partner kernel is not launched yet), the
+  // synchronization below waits for a launch the gate holds, and does not
+  // return.  Holding only this GPU's launches (per-device gating) would
+  // remove that wait but let another GPU's work touch a page while it moves;
+  // holding this GPU's launches during the synchronization and everyone's
+  // afterwards still has to wait for the other GPUs' queued work, with the
+  // same hazard.  Neither is sound without knowing which work touches which
+  // memory, so the gate stays process-wide (issue 40: not done); with
+  // collectives across GPUs, run LMS where a spill cannot meet one in
+  // flight, or give each GPU its own process.
   // Closes the launch gate (when it is active) and synchronizes the context;
   // Resume() opens the gate again.  A failed synchronization is logged and
   // the gate stays closed until Resume(): QuietScope pairs them on every
