@@ -104,7 +104,9 @@ def test_allocator_conformance_cpu(tree, tmp_path):
 
 def test_writers_test_catches_page_moves_without_the_gate(tree):
     """The writers test is a real check: with the gate off (TF_LMS_LAUNCH_GATE=0) it is skipped,
-    naming the reason, and run anyway (LMS_TEST_RACE_WITHOUT_GATE=1) it fails, the writers'
+    naming the reason; run anyway (LMS_TEST_RACE_WITHOUT_GATE=1) LMS fails closed (the pressure's
+    allocations are refused, saying the gate is inactive, and no write is lost); and with the
+    documented unsafe opt-in (TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1) it fails, the writers'
     increments lost while LMS moves their blocks' pages."""
     _require_toolchain()
     binary = tab.build(tree, "cpu", out=CPU_OUT, overlay_src=None)
@@ -117,7 +119,11 @@ def test_writers_test_catches_page_moves_without_the_gate(tree):
     skipped = run()
     assert skipped.returncode == 0 and f"[  SKIPPED ] {WRITERS}" in skipped.stdout, skipped.stdout[-3000:]
     assert "launch gate inactive (reason 4" in skipped.stdout
-    raced = run(LMS_TEST_RACE_WITHOUT_GATE="1")
+    closed = run(LMS_TEST_RACE_WITHOUT_GATE="1")
+    assert closed.returncode != 0 and f"[  FAILED  ] {WRITERS}" in closed.stdout, closed.stdout[-3000:]
+    assert "launch gate is inactive (reason 4" in closed.stdout, closed.stdout[-3000:]
+    assert "CountMismatchesAdd" not in closed.stdout, closed.stdout[-3000:]
+    raced = run(LMS_TEST_RACE_WITHOUT_GATE="1", TF_LMS_UNSAFE_MOVE_WITHOUT_GATE="1")
     assert raced.returncode != 0 and f"[  FAILED  ] {WRITERS}" in raced.stdout, raced.stdout[-3000:]
     assert "rounds of pressure" in raced.stdout and "CountMismatchesAdd" in raced.stdout
 

@@ -51,18 +51,25 @@ TREE_HEADERS = [
     "tensorflow/tsl/framework/lms_sub_allocator.h",
     "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.h",
     "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h",
+    # the launch gate's core (patches/shared/, placed by patches/tensorflow/shared.toml): included
+    # by the CUDA page backend, and by lms_cupti_search_test.cc on both targets
+    "tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc",
 ]
 TREE_SOURCES = [
     "tensorflow/tsl/framework/bfc_allocator.cc",
     "tensorflow/tsl/framework/bfc_allocator_lms.cc",
     "tensorflow/tsl/framework/bfc_chunk_handle_table.cc",
+    "tensorflow/tsl/framework/lms_page_moves.cc",
     "tensorflow/tsl/framework/lms_posix_page_backend.cc",
+    "tensorflow/tsl/framework/lms_settings.cc",
     "tensorflow/tsl/framework/lms_sub_allocator.cc",
     "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator.cc",
 ]
-# the launch gate's core (patches/shared/, placed by patches/tensorflow/shared.toml), included by
-# the page backend
-TREE_CUDA_HEADERS = ["tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc"]
+# LMS files an older tree (a patch from before they were split out) lacks: skipped when absent, so
+# that the new tests can be built against the old code to show them failing there.
+OPTIONAL_TREE_SOURCES = {"tensorflow/tsl/framework/lms_page_moves.cc",
+                         "tensorflow/tsl/framework/lms_settings.cc"}
+TREE_CUDA_HEADERS: list[str] = []
 TREE_CUDA_SOURCES = ["tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.cc"]
 UPSTREAM_TEST = "tensorflow/core/common_runtime/gpu/gpu_bfc_allocator_test.cc"
 
@@ -254,6 +261,9 @@ def build(tree: Path, target: str = "cpu", out: Path | None = None,
     sources: list[Path] = []
     cuda_files = TREE_CUDA_HEADERS + TREE_CUDA_SOURCES if target == "cuda" else []
     for rel in TREE_HEADERS + TREE_SOURCES + cuda_files:
+        if (rel in OPTIONAL_TREE_SOURCES and not (overlay_src and rel in overlay_src)
+                and not (tree / rel).exists()):
+            continue
         dst = overlay / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tree_file(rel), dst)
@@ -279,7 +289,8 @@ def build(tree: Path, target: str = "cpu", out: Path | None = None,
     obj = objdir / "upstream_gpu_bfc_allocator_test.o"
     jobs_list.append(([cxx, *common, *up_flags, "-c", str(adapted), "-o", str(obj)], adapted, obj))
     support = "lms_test_support_cuda.cc" if target == "cuda" else "lms_test_support_cpu.cc"
-    for name in ("lms_bfc_allocator_test.cc", "bfc_chunk_handle_table_test.cc", support):
+    for name in ("lms_bfc_allocator_test.cc", "lms_failure_test.cc", "lms_cupti_search_test.cc",
+                 "bfc_chunk_handle_table_test.cc", support):
         src = CONFORMANCE / name
         obj = objdir / (src.stem + ".o")
         jobs_list.append(([cxx, *common, "-c", str(src), "-o", str(obj)], src, obj))
@@ -366,6 +377,15 @@ LMS_TESTS = (
     "LmsBfc.PlainSubAllocatorKeepsLmsOff",
     "LmsBfc.WritersOnOtherThreadsWhilePagesMove",
     "BfcChunkHandleTable.OnlyWrittenSlotsTakeMemoryAndGrowthKeepsThem",
+    "BfcChunkHandleTable.MappedWithoutReservingSwap",
+    "LmsFailure.NoGateRefusesToMovePagesOfLiveTensors",
+    "LmsFailure.DoubleFaultDuringAMoveSharesNoPage",
+    "LmsFailure.FailedPageCreationFailsTheAllocationNotTheProcess",
+    "LmsFailure.FailedSwapInReportsTheErrorAndLosesNothing",
+    "LmsFailure.GarbageCollectionUnmapsInAQuietScope",
+    "LmsFailure.HostMemLimitBadNegativeAndHugeValues",
+    "LmsFailure.PinnedHostPagesGivenBackAfterASpike",
+    "LmsLaunchGate.FindsCuptiWherePipAndTheToolkitPutIt",
 )
 # gtest skips the writers test where the launch gate is inactive
 WRITERS_TEST = "LmsBfc.WritersOnOtherThreadsWhilePagesMove"

@@ -3,6 +3,9 @@
 // built into the same program as lms_bfc_allocator_test.cc.
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -62,6 +65,64 @@ TEST(BfcChunkHandleTable, OnlyWrittenSlotsTakeMemoryAndGrowthKeepsThem) {
   EXPECT_EQ(moved.size(), 2 * n);
   EXPECT_EQ(moved.Get(2 * n - 1), 7u);
   EXPECT_EQ(moved.Get(stride), 1u);
+}
+
+// The mappings of this process (Linux: /proc/self/smaps) of at least
+// 'min_bytes': "lo-hi" -> VmFlags.
+std::map<std::string, std::string> BigMappings(size_t min_bytes) {
+  std::map<std::string, std::string> out;
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return out;
+  char line[512];
+  std::string range;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo, hi;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's line
+      range = hi - lo >= min_bytes ? std::string(line, std::strchr(line, ' '))
+                                   : std::string();
+    } else if (!range.empty() && std::strncmp(line, "VmFlags:", 8) == 0) {
+      out[range] = line + 8;
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
+// The mappings that 'after' has and 'before' had not (new or grown ones).
+std::map<std::string, std::string> Added(
+    const std::map<std::string, std::string>& before,
+    const std::map<std::string, std::string>& after) {
+  std::map<std::string, std::string> out;
+  for (const auto& m : after) {
+    if (before.count(m.first) == 0) out.insert(m);
+  }
+  return out;
+}
+
+// The table is address space, not a commitment: its mmap says MAP_NORESERVE
+// (VmFlags "nr"), so a large table cannot fail for want of swap under strict
+// overcommit, and keeps it when grown.  The table's mapping is told apart as
+// the one of its size or more that appears (the kernel may merge it with a
+// neighbour of the same flags).
+TEST(BfcChunkHandleTable, MappedWithoutReservingSwap) {
+  const size_t n = 12345679;  // 94 MiB of slots
+  const size_t bytes = n * sizeof(size_t);
+  auto before = BigMappings(bytes);
+  BfcChunkHandleTable t(n);
+  t.Set(3, 3);
+  auto added = Added(before, BigMappings(bytes));
+  ASSERT_FALSE(added.empty()) << "no new mapping of " << bytes << " bytes";
+  for (const auto& m : added) {
+    EXPECT_NE(m.second.find(" nr"), std::string::npos) << m.first << m.second;
+  }
+  before = BigMappings(3 * bytes);
+  t.Resize(3 * n);
+  added = Added(before, BigMappings(3 * bytes));
+  ASSERT_FALSE(added.empty());
+  for (const auto& m : added) {
+    EXPECT_NE(m.second.find(" nr"), std::string::npos) << m.first << m.second;
+  }
+  EXPECT_EQ(t.Get(3), 3u);
 }
 
 }  // namespace

@@ -305,10 +305,11 @@ TEST(LmsBfc, SpilledDataUsableInPlaceAndBroughtBack) {
 // the writers' kernel launches; CPU: the stand-in gate of
 // lms_test_support_cpu.cc around each writer's pass) and the device is
 // synchronized.  Without the gate (no CUPTI, CUPTI taken by a profiler,
-// TF_LMS_LAUNCH_GATE=0) the writers are not held back and the allocator loses
-// their writes (CUDA: the process dies of an illegal address, error 700), so
-// the test is skipped then; LMS_TEST_RACE_WITHOUT_GATE=1 runs it anyway, to
-// show that failure.  LMS_TEST_RACE_SECONDS (default 5) is how long the
+// TF_LMS_LAUNCH_GATE=0) LMS fails closed: the pressure's allocations are
+// refused and the test is skipped; LMS_TEST_RACE_WITHOUT_GATE=1 runs it
+// anyway (it fails on the refusal), and with TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1
+// too it shows what the gate prevents: the writers are not held back and
+// their writes are lost (CUDA: error 700, an illegal address).  LMS_TEST_RACE_SECONDS (default 5) is how long the
 // pressure runs.
 TEST(LmsBfc, WritersOnOtherThreadsWhilePagesMove) {
   const size_t D = lms_test::DeviceBudget();

@@ -107,8 +107,9 @@ class GatedPosixBackend : public tsl::LmsPageBackend {
   tsl::Status Unmap(void* va) override { return b_->Unmap(va); }
   tsl::Status Remap(void* va, size_t n, bool to_host,
                     const std::vector<PageHandle>& from,
-                    const std::vector<PageHandle>& to) override {
-    return b_->Remap(va, n, to_host, from, to);
+                    const std::vector<PageHandle>& to,
+                    std::vector<Placed>* placed) override {
+    return b_->Remap(va, n, to_host, from, to, placed);
   }
   void Quiesce() override { StandInGate::Get().Close(); }
   void Resume() override { StandInGate::Get().Open(); }

@@ -57,9 +57,24 @@ limitations under the License.
 // TensorFlow's executor launches from many threads onto one compute stream
 // without telling the allocator, so waiting for the allocator's own streams
 // would not do.  Without the gate (TF_LMS_LAUNCH_GATE=0, no CUPTI, or CUPTI
-// taken by a profiler) the scope only synchronizes the device: work queued
-// before the move is covered, launches made during it by other threads are
-// not (GetLmsStats().launch_gate_active says which rule holds).
+// taken by a profiler) LMS fails closed: pages of live tensors do not move
+// (SpillRange/FetchRange refuse, LmsLiveMovesAllowed), and an allocation that
+// needed a spill fails saying why and what to do; unmapping free pages
+// (defrag, frees, garbage collection) still runs after a synchronization,
+// since no later launch may touch freed memory.  TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1
+// moves live pages after the synchronization only (launches made during the
+// move by other threads are not held: GetLmsStats().launch_gate_active says
+// which rule holds).
+//
+// Driver errors.  A failed move leaves every page mapped on a whole copy (its
+// old page, or its new one when putting it back failed) and recycles only
+// pages nothing maps; a page that could be mapped on neither is a hole that
+// keeps both copies, and while one exists no allocation is served (the next
+// one tries to map it again, or fails with the driver's error).  Device page
+// creation that fails (the driver out of memory) makes the pages made so far
+// the budget: LMS spills to make room instead of counting on pages it cannot
+// create, and pages under a chunk are mapped before the chunk is taken
+// (LmsCanBack), so a failure refuses the chunk instead of aborting.
 //
 // Lock order: lock_, then the gate.  Every scope is opened with lock_ held,
 // and the mover holds lock_ while it waits for the gate to close and while
@@ -96,6 +111,16 @@ namespace tsl {
 namespace {
 size_t RoundUpTo(size_t v, size_t m) { return (v + m - 1) / m * m; }
 size_t RoundDownTo(size_t v, size_t m) { return v / m * m; }
+
+// A swap-in that failed left the data where it was: on its host pages, still
+// mapped at its address (a move rolls back or keeps a whole copy), or, if
+// putting a page back failed too, in a hole that fails every allocation until
+// it is mapped again (LmsAllocateSlow).  Logged and kept for LmsLastError.
+void NoteSwapInFailure(const Status& s, std::string* last_error) {
+  if (s.ok()) return;
+  *last_error = strings::StrCat("LMS: swap-in failed: ", s.ToString());
+  LOG(ERROR) << *last_error;
+}
 }  // namespace
 
 void BFCAllocator::LmsInit() {
@@ -135,14 +160,23 @@ uint64 BFCAllocator::LmsRecency(ChunkHandle h) {
   return r;
 }
 
+// Called by FindChunkPtr for the free chunk it is about to hand out: maps
+// device pages under its unbacked pages now, while refusing it is still
+// possible (a driver error then skips the chunk and the allocation fails or
+// is served elsewhere, instead of aborting in LmsPrepareChunk).  Backed pages
+// under a free chunk are normal (freed memory keeps its pages).  Refuses
+// every chunk while a failed move left a page of a live tensor unmapped
+// (LmsAllocateSlow repairs it or fails saying why).
 bool BFCAllocator::LmsCanBack(const Chunk* free_chunk, size_t rounded_bytes) {
+  if (lms_->holes() > 0) return false;
   // With LMS, FindChunkPtr splits off any remainder of a page or more, so the
   // chunk handed out is shorter than rounded_bytes + one page.
   const size_t bytes =
       std::min(free_chunk->size, rounded_bytes + lms_->page_size());
   const size_t need = lms_->CountPages(
       free_chunk->ptr, bytes, LmsVirtualMemSubAllocator::PageState::kUnbacked);
-  return need <= lms_->DevicePagesAvailable();
+  if (need > lms_->DevicePagesAvailable()) return false;
+  return lms_->BackRange(free_chunk->ptr, bytes).ok();
 }
 
 void BFCAllocator::LmsPrepareChunk(ChunkHandle h) {
@@ -154,10 +188,12 @@ void BFCAllocator::LmsPrepareChunk(ChunkHandle h) {
       3 * lms_->device_bytes_limit()) {
     lms_->StartHostPagesAhead();
   }
-  Status s = lms_->BackRange(c->ptr, c->size);
-  // LmsCanBack() was checked with the lock held: this only fails on driver
-  // errors, and then the memory is not usable at all.
-  CHECK(s.ok()) << "LMS: " << s;
+  // LmsCanBack() backed every page of the chunk already (the chunk handed
+  // out lies within what it backed).
+  DCHECK_EQ(lms_->CountPages(c->ptr, c->size,
+                             LmsVirtualMemSubAllocator::PageState::kUnbacked),
+            0u);
+  Status s;
   if (lms_->DevicePagesAvailable() > 0 &&
       lms_->CountPages(c->ptr, c->size,
                        LmsVirtualMemSubAllocator::PageState::kHost) > 0) {
@@ -165,7 +201,7 @@ void BFCAllocator::LmsPrepareChunk(ChunkHandle h) {
     LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
     size_t n = 0;
     s = lms_->FetchRange(c->ptr, c->size, &n);
-    if (!s.ok()) LOG(ERROR) << "LMS: swap-in failed: " << s;
+    NoteSwapInFailure(s, &lms_last_error_);
     lms_stats_.bytes_swapped_in += n * lms_->page_size();
     lms_stats_.num_swap_ins += n;
   }
@@ -253,6 +289,25 @@ bool BFCAllocator::LmsExtendExact(size_t bytes) {
 void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
                                     size_t num_bytes, uint64 freed_before) {
   LmsVirtualMemSubAllocator::FillerPause filler_pause(lms_);
+  if (lms_->holes() > 0) {
+    // A failed move left a page of a live tensor unmapped: map it again or
+    // serve nothing, so that the failure reaches the op (an allocation
+    // failure) instead of work running over the hole.
+    Status s;
+    {
+      LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
+      s = lms_->RepairHoles();
+    }
+    if (!s.ok()) {
+      ++lms_stats_.num_failures;
+      lms_last_error_ = strings::StrCat(
+          "Large Model Support could not serve ",
+          strings::HumanReadableNumBytes(num_bytes), " on ", name_, ": ",
+          s.ToString());
+      LOG(ERROR) << lms_last_error_;
+      return nullptr;
+    }
+  }
   const size_t ps = lms_->page_size();
   const size_t region_bytes = RoundUpTo(rounded_bytes, ps);
   const size_t need = region_bytes / ps;
@@ -353,15 +408,24 @@ void* BFCAllocator::LmsAllocateSlow(BinNum bin_num, size_t rounded_bytes,
     size_t suggest_mb = limit_mb + ((missing_pages * ps + (1 << 20) - 1) >> 20);
     suggest_mb = std::max<size_t>(RoundUpTo(suggest_mb, 1024),
                                   std::max<size_t>(limit_mb * 2, 1024));
+    // Name the setting that gave the limit in force (the environment
+    // variable or the config option).
+    const std::string& setting = lms_->host_limit_setting();
+    const bool env = setting == "TF_GPU_HOST_MEM_LIMIT_IN_MB";
     strings::StrAppend(
         &msg, " The host swap space is full: ",
         strings::HumanReadableNumBytes(lms_->host_pages_mapped() * ps),
         " of device memory is already swapped out to host memory and the "
-        "limit is TF_GPU_HOST_MEM_LIMIT_IN_MB=",
-        limit_mb, ". Set the environment variable TF_GPU_HOST_MEM_LIMIT_IN_MB=",
-        suggest_mb, " (or larger) to allow more host memory for swapping.");
+        "limit is ", setting, "=", limit_mb, ". Set ",
+        env ? "the environment variable " : "", setting, "=", suggest_mb,
+        " (or larger) to allow more host memory for swapping.");
   } else if (!spill_status.ok()) {
     strings::StrAppend(&msg, " Swapping failed: ", spill_status.ToString());
+  }
+  if (!lms_->last_map_error().ok()) {
+    strings::StrAppend(&msg, " Mapping device pages failed: ",
+                       lms_->last_map_error().ToString());
+    lms_->clear_last_map_error();
   }
   if (!opts_.lms_defrag_enabled && free_bytes >= (int64_t)rounded_bytes) {
     strings::StrAppend(
@@ -400,6 +464,8 @@ void BFCAllocator::LmsOnFree(const void* freed_ptr) {
 // The host pages given back stay in the sub-allocator's pool (at most the
 // peak spilled, within the host limit): the next step spills into them
 // instead of creating pinned pages again, which runs at a tenth of the copy.
+// Once a return brought everything back, idle pages above the most used
+// since the previous such return are destroyed (TrimHostPool).
 void BFCAllocator::LmsReturnSpilled() {
   {
     // Freed memory may still be read by queued work, and spilled pages moved
@@ -416,6 +482,9 @@ void BFCAllocator::LmsReturnSpilled() {
     }
     LmsFetchMru();
   }
+  // Everything came back: pinned host pages above what recent steps used go
+  // back to the system (a spike's pages are not held for the process's life).
+  if (lms_->host_pages_mapped() == 0) lms_->TrimHostPool();
   lms_in_use_mark_ = stats_.bytes_in_use;
 }
 
@@ -435,7 +504,7 @@ void BFCAllocator::LmsFetchMru() {
     lms_stats_.bytes_swapped_in += n * lms_->page_size();
     lms_stats_.num_swap_ins += n;
     if (!s.ok()) {
-      LOG(ERROR) << "LMS: swap-in failed: " << s;
+      NoteSwapInFailure(s, &lms_last_error_);
       break;
     }
   }
@@ -455,7 +524,7 @@ void BFCAllocator::LmsTouch(const void* ptr) {
     LmsVirtualMemSubAllocator::QuietScope quiet(lms_);
     size_t n = 0;
     Status s = lms_->FetchRange(c->ptr, c->size, &n);
-    if (!s.ok()) LOG(ERROR) << "LMS: swap-in failed: " << s;
+    NoteSwapInFailure(s, &lms_last_error_);
     lms_stats_.bytes_swapped_in += n * lms_->page_size();
     lms_stats_.num_swap_ins += n;
   }

@@ -44,9 +44,12 @@ size_t MappedBytes(size_t n) {
 void* GrowZeroed(void* old, size_t old_bytes, size_t bytes) {
 #if defined(__linux__)
   // Fresh anonymous pages read as zero and take no memory until written;
-  // mremap moves the old pages instead of copying them.
+  // mremap moves the old pages instead of copying them (and keeps
+  // MAP_NORESERVE: the table is address space, 1/32 of the region's, not a
+  // commitment that strict overcommit would have to reserve swap for).
   void* p = old == nullptr ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                                  -1, 0)
                            : mremap(old, old_bytes, bytes, MREMAP_MAYMOVE);
   return p == MAP_FAILED ? nullptr : p;
 #else

@@ -62,6 +62,7 @@ class PosixLmsPageBackend : public LmsPageBackend {
     munmap(base, bytes);
   }
   Status CreatePage(bool host, PageHandle* handle) override {
+    TF_RETURN_IF_ERROR(faults_.Create(host));
     std::lock_guard<std::mutex> l(mu_);  // the filler creates host pages too
     const int k = host ? 1 : 0;
     if (!free_[k].empty()) {
@@ -105,7 +106,8 @@ class PosixLmsPageBackend : public LmsPageBackend {
   }
   Status Remap(void* va, size_t n, bool to_host,
                const std::vector<PageHandle>& from,
-               const std::vector<PageHandle>& to) override {
+               const std::vector<PageHandle>& to,
+               std::vector<Placed>* placed) override {
     const int k = to_host ? 1 : 0;
     for (size_t i = 0; i < n; ++i) {
       char* page = static_cast<char*>(va) + i * page_size_;
@@ -124,21 +126,43 @@ class PosixLmsPageBackend : public LmsPageBackend {
       // ... and map it at the same address.
       if (s.ok()) s = faults_.Next("mmap");
       if (s.ok()) s = Map(page, to_host, to[i]);
-      if (!s.ok()) {
-        // Pages [0, i] go back on their old pages (MAP_FIXED replaces
-        // whatever a failed map left at page i).
-        for (size_t m = 0; m <= i; ++m) {
-          Status back = Map(static_cast<char*>(va) + m * page_size_,
-                            !to_host, from[m]);
-          if (!back.ok()) return LmsRemapFailed(s, back);
-        }
-        return LmsRemapFailed(s, OkStatus());
-      }
+      if (!s.ok()) return PutBack(va, i, to_host, from, to, s, placed);
     }
     return OkStatus();
   }
 
  private:
+  // After page 'failed' of a move failed: maps pages [0, failed] on their
+  // 'from' pages again, every one even after one failed.  Pages below
+  // 'failed' hold a whole copy on their 'to' page: one that cannot go back
+  // stays there (kOnTo) or, when that map fails too, is kUnmapped.  Page
+  // 'failed' may hold a partial copy: it goes back or is kUnmapped.  An
+  // injected put-back fault first unmaps the page, as a failed cuMemMap
+  // after its cuMemUnmap leaves it.
+  Status PutBack(void* va, size_t failed, bool to_host,
+                 const std::vector<PageHandle>& from,
+                 const std::vector<PageHandle>& to, const Status& s,
+                 std::vector<Placed>* placed) {
+    placed->assign(from.size(), Placed::kOnFrom);
+    Status lost;
+    for (size_t m = 0; m <= failed; ++m) {
+      char* page = static_cast<char*>(va) + m * page_size_;
+      Status back = faults_.Next("mmap(put back)");
+      if (!back.ok()) Unmap(page).IgnoreError();
+      if (back.ok()) back = Map(page, !to_host, from[m]);
+      if (back.ok()) continue;
+      Status keep = m < failed ? faults_.Next("mmap(keep the copy)") : back;
+      if (keep.ok()) keep = Map(page, to_host, to[m]);
+      if (keep.ok()) {
+        (*placed)[m] = Placed::kOnTo;
+        continue;
+      }
+      (*placed)[m] = Placed::kUnmapped;
+      if (lost.ok()) lost = back;
+    }
+    return LmsRemapFailed(s, *placed, lost);
+  }
+
   const size_t page_size_;
   LmsRemapFaults faults_;
   int fd_[2];

@@ -18,7 +18,6 @@ limitations under the License.
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -29,132 +28,6 @@ limitations under the License.
 #include "tensorflow/tsl/platform/strcat.h"
 
 namespace tsl {
-
-std::string LmsStats::DebugString() const {
-  return strings::StrCat(
-      "LMS enabled: ", enabled, "\nLMS defrag enabled: ", defrag_enabled,
-      "\nPage bytes: ", page_bytes, "\nDevice bytes limit: ",
-      device_bytes_limit, "\nDevice bytes mapped: ", device_bytes_mapped,
-      "\nDevice bytes reserved: ", device_bytes_reserved,
-      "\nHost bytes limit: ", host_bytes_limit,
-      "\nHost bytes in use: ", host_bytes_in_use,
-      "\nPeak host bytes in use: ", peak_host_bytes_in_use,
-      "\nHost bytes reserved: ", host_bytes_reserved,
-      "\nHost reserve bytes: ", host_reserve_bytes,
-      "\nHost bytes made ahead: ", host_bytes_made_ahead,
-      "\nSwap out ns: ", swap_out_ns, "\nSwap in ns: ", swap_in_ns,
-      "\nBytes swapped out: ", bytes_swapped_out,
-      "\nBytes swapped in: ", bytes_swapped_in,
-      "\nPages swapped out: ", num_swap_outs,
-      "\nPages swapped in: ", num_swap_ins, "\nReclaims: ", num_reclaims,
-      "\nDefrag events: ", num_defrag_events,
-      "\nBytes defragmented: ", bytes_defragmented,
-      "\nFailures: ", num_failures,
-      "\nDevice syncs: ", num_device_syncs,
-      "\nDevice syncs on free: ", num_device_syncs_on_free,
-      "\nLaunch gate active: ", launch_gate_active,
-      "\nLaunch gate inactive reason: ", launch_gate_inactive_reason,
-      "\nLaunch gate gated calls: ", launch_gate_gated_calls,
-      "\nLaunch gate closes: ", launch_gate_closes,
-      "\nLaunch gate close wait ns: ", launch_gate_close_wait_ns,
-      "\nLaunch gate calls held: ", launch_gate_calls_held, "\n");
-}
-
-namespace {
-// Environment variable 'name' read as a whole number of MiB: 'text' is
-// nullptr when it is unset or empty, 'mb' is -1 when the text is not a
-// non-negative integer.
-struct EnvMiB {
-  const char* text = nullptr;
-  long long mb = -1;
-};
-EnvMiB ReadEnvMiB(const char* name) {
-  EnvMiB e;
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return e;
-  e.text = v;
-  char* end = nullptr;
-  const long long mb = std::strtoll(v, &end, 10);
-  if (end != v && *end == '\0' && mb >= 0) e.mb = mb;
-  return e;
-}
-}  // namespace
-
-size_t LmsHostMemLimitFromEnv(size_t default_bytes) {
-  const EnvMiB e = ReadEnvMiB("TF_GPU_HOST_MEM_LIMIT_IN_MB");
-  if (e.text == nullptr) return default_bytes;
-  if (e.mb < 0) {
-    LOG(ERROR) << "TF_GPU_HOST_MEM_LIMIT_IN_MB=\"" << e.text
-               << "\" is not a number of MiB; using the default of "
-               << (default_bytes >> 20) << " MiB.";
-    return default_bytes;
-  }
-  return static_cast<size_t>(e.mb) << 20;
-}
-
-size_t LmsPageBytes(size_t device_bytes) {
-  constexpr size_t kMiB = size_t{1} << 20;
-  const EnvMiB e = ReadEnvMiB("TF_LMS_PAGE_IN_MB");
-  if (e.text != nullptr) {
-    if (e.mb >= 2 && e.mb <= 1024 && (e.mb & (e.mb - 1)) == 0) {
-      return static_cast<size_t>(e.mb) * kMiB;
-    }
-    LOG(ERROR) << "TF_LMS_PAGE_IN_MB=\"" << e.text
-               << "\" is not a power of two from 2 to 1024; using the "
-                  "default for the device budget.";
-  }
-  size_t page = 2 * kMiB;
-  while (page < 64 * kMiB && 2 * page * 256 <= device_bytes) page *= 2;
-  return page;
-}
-
-size_t LmsHostReserveFromEnv() {
-  const EnvMiB e = ReadEnvMiB("TF_LMS_HOST_RESERVE_IN_MB");
-  if (e.text == nullptr || std::strcmp(e.text, "auto") == 0) {
-    return LmsVirtualMemSubAllocator::kHostReserveAuto;
-  }
-  if (e.mb < 0) {
-    LOG(ERROR) << "TF_LMS_HOST_RESERVE_IN_MB=\"" << e.text
-               << "\" is not a number of MiB or \"auto\"; using auto (1/8 of "
-                  "the device budget, at most half the host budget).";
-    return LmsVirtualMemSubAllocator::kHostReserveAuto;
-  }
-  return static_cast<size_t>(e.mb) << 20;
-}
-
-LmsRemapFaults::LmsRemapFaults()
-    : fail_at_([] {
-        const char* v = std::getenv("TF_LMS_TEST_FAIL_REMAP");
-        if (v == nullptr) return size_t{0};
-        char* end = nullptr;
-        const long long n = std::strtoll(v, &end, 10);
-        return (end != v && *end == '\0' && n > 0) ? static_cast<size_t>(n)
-                                                    : size_t{0};
-      }()) {}
-
-Status LmsRemapFaults::Next(const char* call) {
-  if (++count_ != fail_at_) return OkStatus();
-  return errors::Internal(call, ": injected (TF_LMS_TEST_FAIL_REMAP)");
-}
-
-Status LmsRemapFailed(const Status& failed, const Status& back) {
-  if (!back.ok()) {
-    return errors::Internal("LMS: moving pages failed (", failed.message(),
-                            ") and putting a page back failed too (",
-                            back.message(), "): the data on it is lost");
-  }
-  return errors::Internal("LMS: moving pages failed (", failed.message(),
-                          "); every page was put back");
-}
-
-bool LmsLaunchGateWantedFromEnv() {
-  const char* v = std::getenv("TF_LMS_LAUNCH_GATE");
-  if (v == nullptr || *v == '\0') return true;
-  for (const char* off : {"0", "false", "False", "FALSE", "off", "no"}) {
-    if (std::strcmp(v, off) == 0) return false;
-  }
-  return true;
-}
 
 // ---------------------------------------------------------------------------
 // LmsVirtualMemSubAllocator.
@@ -182,22 +55,6 @@ LmsVirtualMemSubAllocator::Create(std::unique_ptr<LmsPageBackend> backend,
 }
 
 namespace {
-// Adds the time from its construction to its destruction to '*to'.
-class AddElapsedNs {
- public:
-  explicit AddElapsedNs(int64_t* to)
-      : to_(to), t0_(std::chrono::steady_clock::now()) {}
-  ~AddElapsedNs() {
-    *to_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::steady_clock::now() - t0_)
-                .count();
-  }
-
- private:
-  int64_t* const to_;
-  const std::chrono::steady_clock::time_point t0_;
-};
-
 // Host pages a sub-allocator keeps made ahead (see kHostReserveAuto).
 size_t HostReservePages(size_t reserve_bytes, size_t device_bytes,
                         size_t host_bytes, size_t page_size) {
@@ -250,6 +107,8 @@ LmsVirtualMemSubAllocator::LmsVirtualMemSubAllocator(
       host_limit_pages_(host_bytes_limit / backend_->page_size()),
       index_(index),
       pages_(va_bytes / backend_->page_size()),
+      device_creatable_(device_limit_pages_),
+      unsafe_moves_(LmsUnsafeMovesWithoutGateFromEnv()),
       host_reserve_pages_(HostReservePages(host_reserve_bytes,
                                            device_bytes_limit, host_bytes_limit,
                                            backend_->page_size())) {}
@@ -261,6 +120,9 @@ LmsVirtualMemSubAllocator::~LmsVirtualMemSubAllocator() {
     if (pg.state == PageState::kUnbacked) continue;
     backend_->Unmap(base_ + i * page_size_).IgnoreError();
     backend_->DestroyPage(pg.state == PageState::kHost, pg.handle);
+  }
+  for (const Hole& h : holes_) {  // the other copy of an unmapped page
+    backend_->DestroyPage(pages_[h.index].state != PageState::kHost, h.to);
   }
   for (auto h : device_pool_) backend_->DestroyPage(false, h);
   for (auto h : host_pool_) backend_->DestroyPage(true, h);
@@ -377,7 +239,7 @@ void LmsVirtualMemSubAllocator::PageSpan(const void* p, size_t bytes,
 }
 
 size_t LmsVirtualMemSubAllocator::DevicePagesAvailable() const {
-  return device_pool_.size() + (device_limit_pages_ - device_created_);
+  return device_pool_.size() + device_creatable_;
 }
 
 size_t LmsVirtualMemSubAllocator::HostPagesAvailable() const {
@@ -407,11 +269,22 @@ Status LmsVirtualMemSubAllocator::TakePage(bool host,
       device_pool_.pop_back();
       return OkStatus();
     }
-    if (device_created_ >= device_limit_pages_) {
+    if (device_creatable_ == 0) {
       return errors::ResourceExhausted("device page budget exhausted");
     }
-    TF_RETURN_IF_ERROR(backend_->CreatePage(false, h));
+    Status s = backend_->CreatePage(false, h);
+    if (!s.ok()) {
+      // The driver is out of memory (another process, another allocator):
+      // from now on only the pages made so far count, and LMS spills to
+      // make room rather than promise pages it cannot create.
+      LOG(WARNING) << "LMS: creating a device page failed (" << s
+                   << "); the device budget is now the "
+                   << device_created_ << " pages made so far";
+      device_creatable_ = 0;
+      return s;
+    }
     ++device_created_;
+    --device_creatable_;
     return OkStatus();
   }
   {
@@ -464,6 +337,7 @@ Status LmsVirtualMemSubAllocator::MapFresh(size_t index, bool host) {
   if (host) {
     ++host_mapped_;
     peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
+    window_peak_host_ = std::max(window_peak_host_, host_mapped_);
   } else {
     ++device_mapped_;
   }
@@ -485,6 +359,7 @@ void* LmsVirtualMemSubAllocator::Alloc(size_t alignment, size_t num_bytes,
     Status s = MapFresh(first + i, /*host=*/false);
     if (!s.ok()) {
       LOG(ERROR) << "LMS: mapping a device page failed: " << s;
+      last_map_error_ = s;
       size_t unused;
       ReleaseRange(base_ + first * page_size_, i * page_size_, &unused);
       return nullptr;
@@ -502,92 +377,18 @@ void LmsVirtualMemSubAllocator::Free(void* ptr, size_t num_bytes) {
   VisitFree(ptr, index_, num_bytes);
   size_t first, last, host_released;
   PageSpan(ptr, num_bytes, &first, &last);
-  ReleaseRange(ptr, num_bytes, &host_released);
+  {
+    // The BFC allocator frees whole free regions here (garbage collection:
+    // DeallocateFreeRegions, on by default for GPUs).  Queued work may still
+    // read freed memory: unmap only in a quiesced scope, as every other
+    // unmap of pages that were handed out.
+    const bool mapped = CountPages(ptr, num_bytes, PageState::kUnbacked) <
+                        last - first;
+    std::unique_ptr<QuietScope> quiet;
+    if (mapped) quiet = std::make_unique<QuietScope>(this);
+    ReleaseRange(ptr, num_bytes, &host_released);
+  }
   if (last == next_page_) next_page_ = first;
-}
-
-Status LmsVirtualMemSubAllocator::MoveRun(
-    size_t i, bool to_host, const std::vector<LmsPageBackend::PageHandle>& to) {
-  const size_t n = to.size();
-  std::vector<LmsPageBackend::PageHandle> from;
-  for (size_t k = i; k < i + n; ++k) from.push_back(pages_[k].handle);
-  Status s = backend_->Remap(base_ + i * page_size_, n, to_host, from, to);
-  if (!s.ok()) {
-    for (auto h : to) RecyclePage(to_host, h);
-    return s;
-  }
-  for (size_t k = 0; k < n; ++k) {
-    RecyclePage(!to_host, from[k]);
-    pages_[i + k].state = to_host ? PageState::kHost : PageState::kDevice;
-    pages_[i + k].handle = to[k];
-  }
-  size_t& gained = to_host ? host_mapped_ : device_mapped_;
-  size_t& lost = to_host ? device_mapped_ : host_mapped_;
-  lost -= n;
-  gained += n;
-  peak_host_mapped_ = std::max(peak_host_mapped_, host_mapped_);
-  return OkStatus();
-}
-
-Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
-                                             size_t* pages_spilled) {
-  const AddElapsedNs timer(&spill_ns_);
-  *pages_spilled = 0;
-  size_t first, last;
-  PageSpan(p, bytes, &first, &last);
-  size_t i = first;
-  while (i < last) {
-    if (pages_[i].state != PageState::kDevice) {
-      ++i;
-      continue;
-    }
-    // A run of device pages [i, j).
-    size_t j = i;
-    std::vector<LmsPageBackend::PageHandle> to;
-    Status budget;
-    while (j < last && pages_[j].state == PageState::kDevice) {
-      LmsPageBackend::PageHandle h;
-      budget = TakePage(/*host=*/true, &h);
-      if (!budget.ok()) break;
-      to.push_back(h);
-      ++j;
-    }
-    if (j > i) {
-      TF_RETURN_IF_ERROR(MoveRun(i, /*to_host=*/true, to));
-      *pages_spilled += j - i;
-    }
-    if (!budget.ok()) return budget;
-    i = j;
-  }
-  return OkStatus();
-}
-
-Status LmsVirtualMemSubAllocator::FetchRange(const void* p, size_t bytes,
-                                             size_t* pages_fetched) {
-  const AddElapsedNs timer(&fetch_ns_);
-  *pages_fetched = 0;
-  size_t first, last;
-  PageSpan(p, bytes, &first, &last);
-  size_t i = first;
-  while (i < last) {
-    if (pages_[i].state != PageState::kHost) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    std::vector<LmsPageBackend::PageHandle> to;
-    while (j < last && pages_[j].state == PageState::kHost) {
-      LmsPageBackend::PageHandle h;
-      if (!TakePage(/*host=*/false, &h).ok()) break;
-      to.push_back(h);
-      ++j;
-    }
-    if (j == i) return OkStatus();  // No device page available.
-    TF_RETURN_IF_ERROR(MoveRun(i, /*to_host=*/false, to));
-    *pages_fetched += j - i;
-    i = j;
-  }
-  return OkStatus();
 }
 
 size_t LmsVirtualMemSubAllocator::ReleaseRange(const void* p, size_t bytes,
@@ -600,13 +401,21 @@ size_t LmsVirtualMemSubAllocator::ReleaseRange(const void* p, size_t bytes,
     Page& pg = pages_[i];
     if (pg.state == PageState::kUnbacked) continue;
     if (host_only && pg.state != PageState::kHost) continue;
-    Status s = backend_->Unmap(base_ + i * page_size_);
+    auto hole = std::find_if(holes_.begin(), holes_.end(),
+                             [i](const Hole& h) { return h.index == i; });
+    // A hole is unmapped already; its data is dead now: both copies go.
+    Status s = hole != holes_.end() ? OkStatus()
+                                    : backend_->Unmap(base_ + i * page_size_);
     if (!s.ok()) {
       LOG(ERROR) << "LMS: unmapping a page failed: " << s;
       continue;
     }
     const bool host = pg.state == PageState::kHost;
     RecyclePage(host, pg.handle);
+    if (hole != holes_.end()) {
+      RecyclePage(!host, hole->to);
+      holes_.erase(hole);
+    }
     if (host) {
       --host_mapped_;
       ++*host_released;
@@ -628,11 +437,29 @@ Status LmsVirtualMemSubAllocator::BackRange(const void* p, size_t bytes) {
                                      " device pages needed, ",
                                      DevicePagesAvailable(), " available");
   }
+  size_t f0, l0;
+  PageSpan(p, bytes, &f0, &l0);
+  std::vector<bool> was_unbacked;
+  for (size_t i = f0; i < l0; ++i) {
+    was_unbacked.push_back(pages_[i].state == PageState::kUnbacked);
+  }
   size_t first, last;
   PageSpan(p, bytes, &first, &last);
   for (size_t i = first; i < last; ++i) {
     if (pages_[i].state != PageState::kUnbacked) continue;
-    TF_RETURN_IF_ERROR(MapFresh(i, /*host=*/false));
+    Status s = MapFresh(i, /*host=*/false);
+    if (!s.ok()) {
+      last_map_error_ = s;
+      // All or nothing: the pages mapped by this call (free memory, no
+      // data) go back to the pool.
+      for (size_t k = first; k < i; ++k) {
+        if (was_unbacked[k - first]) {
+          size_t unused;
+          ReleaseRange(base_ + k * page_size_, page_size_, &unused);
+        }
+      }
+      return s;
+    }
   }
   return OkStatus();
 }

@@ -128,18 +128,35 @@ class LmsPageBackend {
   virtual Status Map(void* va, bool host, PageHandle handle) = 0;
   // Removes the mapping of the page at 'va' (the address stays reserved).
   virtual Status Unmap(void* va) = 0;
+  // Where a page of a failed Remap is left (see Remap).
+  enum class Placed : uint8_t {
+    kOnFrom = 0,  // mapped on its old page: the new one may be recycled
+    kOnTo = 1,    // mapped on its new page (a full copy): the old one may
+    kUnmapped = 2,  // neither: both pages hold the data; neither may be
+                    // recycled until the page is mapped again
+  };
   // Copies the 'n' pages now mapped at 'va' (the pages 'from') into the
   // pages 'to' and maps those at 'va' in place of the old ones (which stay
   // alive: the caller recycles them).  The contents at 'va' are the same
-  // before and after.  On an error every page at 'va' is mapped on its
-  // 'from' page again, as before the call: a page under live data is never
-  // left unmapped or on a page the caller recycles.  The error then says
-  // so; should putting a page back fail too, it says that the data is lost.
-  // TF_LMS_TEST_FAIL_REMAP=N (tests, read when the backend is made) fails
-  // the backend's Nth page remap after its unmap (LmsRemapFaults).
+  // before and after.  On an error the backend puts the moved pages back on
+  // their 'from' pages, trying every page even after a put-back failed, and
+  // says in 'placed' (n entries) where each page is left; a page whose
+  // put-back failed stays on its new page when it can (the copy is whole),
+  // else it is kUnmapped.  The caller recycles only pages no longer mapped
+  // (a page recycled while mapped would be mapped at a second address: two
+  // tensors sharing memory).
+  // Fault injection (tests, read when the backend is made; LmsRemapFaults):
+  // TF_LMS_TEST_FAIL_REMAP=N[,M...] fails the backend's Nth (Mth...) page
+  // map of a move, put-backs counted too; TF_LMS_TEST_FAIL_CREATE=N fails
+  // the Nth and every later device page creation.
   virtual Status Remap(void* va, size_t n, bool to_host,
                        const std::vector<PageHandle>& from,
-                       const std::vector<PageHandle>& to) = 0;
+                       const std::vector<PageHandle>& to,
+                       std::vector<Placed>* placed) = 0;
+  // Whether pages of live data may move now: OK when the backend's launch
+  // gate is active; else FailedPrecondition saying why and what to do
+  // (LmsLiveMovesAllowed).  Backends without a gate report reason 5.
+  virtual Status LiveMovesAllowed() const;
   // Quiesce() is called before pages that may hold live data are copied or
   // unmapped, Resume() once they are in place again (always paired, on the
   // same thread, by LmsVirtualMemSubAllocator::QuietScope; pairs may nest).
@@ -200,14 +217,20 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
 
   // ---- Page operations used by BFCAllocator (its lock held). ----
   size_t page_size() const { return page_size_; }
-  // Device pages that can be mapped right now (pooled + not yet created).
+  // Device pages that can be mapped right now (pooled + not yet created
+  // within the budget; after a device page creation failed, pooled only:
+  // the driver's memory, not the budget, is the bound then, and LMS spills
+  // to make room instead of counting on pages it cannot create).
   size_t DevicePagesAvailable() const;
   size_t HostPagesAvailable() const;
   PageState StateOf(const void* va) const;
   // Number of pages in [p, p + bytes) in the given state.
   size_t CountPages(const void* p, size_t bytes, PageState state) const;
   // Spills the device pages of [p, p + bytes) to host pages.  Stops with
-  // ResourceExhausted when the host budget is exhausted.
+  // ResourceExhausted when the host budget is exhausted.  SpillRange and
+  // FetchRange move pages of live data: without an active launch gate they
+  // move nothing and fail (FailedPrecondition, LmsLiveMovesAllowed) unless
+  // TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1 was set when this was made.
   Status SpillRange(const void* p, size_t bytes, size_t* pages_spilled);
   // Brings back host pages of [p, p + bytes) while device pages are
   // available.
@@ -218,8 +241,26 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   size_t ReleaseRange(const void* p, size_t bytes, size_t* host_released,
                       bool host_only = false);
   // Maps device pages under the unbacked pages of [p, p + bytes).  Fails when
-  // not enough device pages are available (nothing is mapped then).
+  // not enough device pages are available or the driver fails (nothing it
+  // mapped stays mapped then).
   Status BackRange(const void* p, size_t bytes);
+  // OK unless a failed move left a page of live data unmapped (both its
+  // copies kept) and mapping it again fails now too: then the error says
+  // where and why, and the allocator serves nothing until it is repaired
+  // (retried at each call), so that no work is handed memory next to a
+  // hole.  Call with the allocator's lock held, in a QuietScope.
+  Status RepairHoles();
+  size_t holes() const { return holes_.size(); }
+  // Gives back (destroys) idle host pages above a watermark: the most host
+  // pages in use since the last trim, or the reserve, whichever is more.
+  // Pinned memory returns to the system after a spike, while a steady
+  // training loop keeps what its next step spills into (creating pinned
+  // pages runs at a tenth of the copy).  Called after a return that brought
+  // every spilled page back; returns the pages given back.
+  size_t TrimHostPool();
+  // The last driver error of BackRange (OK if none since cleared).
+  const Status& last_map_error() const { return last_map_error_; }
+  void clear_last_map_error() { last_map_error_ = OkStatus(); }
   // Starts making host pages ahead of need (the first call; see
   // kHostReserveAuto).  Not on mapping: a pool made without growth maps the
   // whole device budget at its first allocation.
@@ -262,6 +303,11 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   }
 
   size_t device_bytes_limit() const { return device_limit_pages_ * page_size_; }
+  // The setting the host budget came from, named in errors (default
+  // "TF_GPU_HOST_MEM_LIMIT_IN_MB"; the GPU wiring sets the config option's
+  // name when that set it).
+  void set_host_limit_setting(const std::string& s) { host_limit_setting_ = s; }
+  const std::string& host_limit_setting() const { return host_limit_setting_; }
   size_t host_bytes_limit() const { return host_limit_pages_ * page_size_; }
   size_t device_pages_mapped() const { return device_mapped_; }
   size_t host_pages_mapped() const { return host_mapped_; }
@@ -300,11 +346,15 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   void RecyclePage(bool host, LmsPageBackend::PageHandle h);
   // Moves pages [i, i + to.size()), all on the other side now, onto the
   // pages 'to' (host pages when 'to_host'), and recycles the pages they were
-  // on.  On an error every page stays where it was (LmsPageBackend::Remap)
-  // and the pages 'to' are recycled.
+  // on.  On an error each page is where the backend says (Remap's
+  // 'placed'): only pages nothing maps are recycled, and a page left
+  // unmapped becomes a hole (RepairHoles).
+  void SetMoved(size_t i, bool to_host, LmsPageBackend::PageHandle h);
   Status MoveRun(size_t i, bool to_host,
                  const std::vector<LmsPageBackend::PageHandle>& to);
   Status MapFresh(size_t index, bool host);
+  // OK when pages of live data may move (gate active or the unsafe opt-in).
+  Status LiveMovesAllowed();
   void BeginQuiet();
   void EndQuiet();
   void PauseFiller(int delta);
@@ -326,7 +376,23 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   std::vector<Page> pages_;
   std::vector<LmsPageBackend::PageHandle> device_pool_;
   size_t device_created_ = 0;
+  // Device pages that may still be created: the budget's, 0 once a creation
+  // failed (see DevicePagesAvailable).
+  size_t device_creatable_ = 0;
+  // A page of live data left unmapped by a failed move: both copies are
+  // kept (neither is recycled) until it is mapped again (RepairHoles).
+  struct Hole {
+    size_t index;
+    LmsPageBackend::PageHandle to;  // the new copy; pages_[index] has the old
+    Status why;
+  };
+  std::vector<Hole> holes_;
+  Status last_map_error_;
+  const bool unsafe_moves_;       // TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1
+  bool warned_unsafe_ = false;
+  std::string host_limit_setting_ = "TF_GPU_HOST_MEM_LIMIT_IN_MB";
   size_t device_mapped_ = 0, host_mapped_ = 0, peak_host_mapped_ = 0;
+  size_t window_peak_host_ = 0;  // the most host pages mapped since a trim
   size_t quiet_depth_ = 0, quiet_scopes_ = 0;
   int64_t spill_ns_ = 0, fetch_ns_ = 0;
 
@@ -352,8 +418,17 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
 };
 
 // Reads TF_GPU_HOST_MEM_LIMIT_IN_MB (the variable upstream uses for the
-// gpu_host_bfc allocator); 'default_bytes' when unset or unparsable.
+// gpu_host_bfc allocator); 'default_bytes' when unset.  A value that is not a
+// whole number of MiB (negative, junk) is refused with an error naming the
+// variable, and 'default_bytes' used; one above kLmsMaxHostMemLimitMiB or
+// the machine's physical memory is capped there, with a warning (no
+// 'mb << 20' wraps around).
 size_t LmsHostMemLimitFromEnv(size_t default_bytes);
+// The same check for a value of 'mb' MiB that 'setting' (e.g. the config
+// option's name) gave.
+size_t LmsHostMemLimitBytes(long long mb, const char* setting,
+                            size_t default_bytes);
+constexpr long long kLmsMaxHostMemLimitMiB = 1LL << 30;  // 1 PiB
 
 // The LMS page for a device budget of 'device_bytes': TF_LMS_PAGE_IN_MB when
 // set (a power of two from 2 to 1024), else the largest power of two of at
@@ -368,27 +443,42 @@ size_t LmsPageBytes(size_t device_bytes);
 // (0 disables); kHostReserveAuto when unset, "auto" or unparsable.
 size_t LmsHostReserveFromEnv();
 
-// For LmsPageBackend::Remap implementations.  A backend counts its page
-// remaps in one LmsRemapFaults: Next() is an error for the remap that
-// TF_LMS_TEST_FAIL_REMAP names (counted from 1; none when unset or not a
-// positive number), for tests of the error path, OK otherwise.  Callers hold
-// the allocator's lock.
+// For LmsPageBackend implementations.  A backend counts its page maps in
+// moves (forward and put-back) in one LmsRemapFaults: Next() is an error for
+// each one that TF_LMS_TEST_FAIL_REMAP lists (comma-separated, counted from
+// 1; none when unset or not positive numbers), OK otherwise; Create() is an
+// error for the device page creation TF_LMS_TEST_FAIL_CREATE names and every
+// later one (a driver out of memory).  For tests of the error paths.
 class LmsRemapFaults {
  public:
   LmsRemapFaults();
-  Status Next(const char* call);
+  Status Next(const char* call);  // callers hold the allocator's lock
+  Status Create(bool host);       // thread-safe
 
  private:
-  const size_t fail_at_;
+  const std::vector<size_t> fail_at_;
+  const size_t fail_create_at_;
   size_t count_ = 0;
+  std::mutex create_mu_;
+  size_t creates_ = 0;
 };
-// The error a failed Remap returns: the move's error 'failed', and, when
-// putting a page back failed too ('back' not OK), that its data is lost.
-Status LmsRemapFailed(const Status& failed, const Status& back);
+// The error a failed Remap returns: the move's error 'failed' and where its
+// pages are left ('placed'; 'back' the first put-back error, if any).
+Status LmsRemapFailed(const Status& failed,
+                      const std::vector<LmsPageBackend::Placed>& placed,
+                      const Status& back);
 
 // Whether the page backend's launch gate is wanted: false when
 // TF_LMS_LAUNCH_GATE is 0, false, False, FALSE, off or no; true otherwise.
 bool LmsLaunchGateWantedFromEnv();
+// TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1 (or true/on/yes): move pages of live
+// data without an active launch gate, after a device synchronization only
+// (other threads' launches during the move may then read or write the
+// wrong page: error 700, lost writes).  Off by default: LMS fails closed.
+bool LmsUnsafeMovesWithoutGateFromEnv();
+// OK when 'gate' (LmsStats::launch_gate_*) is active; else
+// FailedPrecondition naming the reason and what to do.
+Status LmsLiveMovesAllowed(const LmsStats& gate);
 
 }  // namespace tsl
 

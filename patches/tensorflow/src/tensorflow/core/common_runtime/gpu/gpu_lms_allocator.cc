@@ -15,6 +15,8 @@ limitations under the License.
 
 #include "tensorflow/core/common_runtime/gpu/gpu_lms_allocator.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "tensorflow/tsl/framework/lms_sub_allocator.h"
@@ -53,13 +55,19 @@ std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
   }
   // Host swap space: gpu_host_mem_limit_in_mb, else TF_GPU_HOST_MEM_LIMIT_IN_MB,
   // else the gpu_host_bfc allocator's default (128 GiB).
-  size_t host_bytes;
-  if (options.experimental().gpu_host_mem_limit_in_mb() > 0) {
-    host_bytes = static_cast<size_t>(
-        options.experimental().gpu_host_mem_limit_in_mb() * (1LL << 20));
-  } else {
-    host_bytes = tsl::LmsHostMemLimitFromEnv(size_t{1} << 37);
-  }
+  // Both are checked and capped (tsl::LmsHostMemLimitBytes: no overflow of
+  // MiB to bytes), and the one in force is named in LMS's errors.
+  constexpr size_t kDefaultHostBytes = size_t{1} << 37;
+  const char* kConfigOption = "gpu_options.experimental.gpu_host_mem_limit_in_mb";
+  const bool from_config = options.experimental().gpu_host_mem_limit_in_mb() > 0;
+  const size_t host_bytes =
+      from_config
+          ? tsl::LmsHostMemLimitBytes(
+                // a float: converted only once within range
+                std::min<double>(options.experimental().gpu_host_mem_limit_in_mb(),
+                                 tsl::kLmsMaxHostMemLimitMiB + 1.0),
+                kConfigOption, kDefaultHostBytes)
+          : tsl::LmsHostMemLimitFromEnv(kDefaultHostBytes);
   // Address space for the device pages, the spilled pages and the holes left
   // by defragmentation.
   const size_t va_bytes = 4 * device_bytes + 2 * host_bytes;
@@ -68,6 +76,7 @@ std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
       alloc_visitors, {}, platform_device_id.value(),
       tsl::LmsHostReserveFromEnv());
   if (sub == nullptr) return nullptr;
+  if (from_config) sub->set_host_limit_setting(kConfigOption);
   *bfc_total_bytes = va_bytes;
   return sub;
 #else

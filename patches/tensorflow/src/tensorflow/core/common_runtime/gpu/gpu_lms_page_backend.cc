@@ -30,6 +30,7 @@ limitations under the License.
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/tsl/platform/errors.h"
@@ -67,13 +68,18 @@ namespace {
 // stopped: a gate switched off and on again mid-run would lose the exits of
 // calls in flight.  TF_LMS_LAUNCH_GATE=0 (or false/off) leaves it off.
 //
-// CUPTI (dlopen'ed by the core: libcupti.so from the loader path, CUDA_HOME
-// or /usr/local/cuda) takes one subscriber per process, and TensorFlow's
+// CUPTI (dlopen'ed by the core, cupti_search_paths: the loader path,
+// LD_LIBRARY_PATH, CUDA_HOME/CUDA_PATH, pip's site-packages/nvidia/cuda_cupti
+// or nvidia/cu13 beside this library, /usr/local/cuda) takes one subscriber
+// per process, and TensorFlow's
 // profiler (tf.profiler, the GPU tracer of TensorBoard's profile plugin) is
 // a CUPTI subscriber too: under a profiler that subscribed first the gate
-// cannot subscribe (launch_gate_inactive_reason 2) and the old rule holds,
-// a device synchronization before each move, which covers work queued before
-// it but not launches made during it by other threads.  With the gate on, the
+// cannot subscribe (launch_gate_inactive_reason 2).  Without an active gate
+// LMS fails closed: pages of live tensors do not move and an allocation that
+// needs a spill fails, saying why (tsl::LmsLiveMovesAllowed); only
+// TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1 moves them after a device
+// synchronization, which covers work queued before the move but not launches
+// made during it by other threads.  With the gate on, the
 // profiler's GPU tracer is the one that cannot subscribe; to profile GPU
 // activity with LMS, set TF_LMS_LAUNCH_GATE=0.  GetLmsStats() (and
 // tf.config.experimental.get_memory_stats, lms_launch_gate_*) says which rule
@@ -97,9 +103,10 @@ void StartLaunchGateOnce() {
     LaunchGate& gate = LaunchGate::get();
     if (!tsl::LmsLaunchGateWantedFromEnv()) {
       gate.stop();  // never started: records "off by setting"
-      LOG(INFO) << "Large Model Support: launch gate off (TF_LMS_LAUNCH_GATE): "
-                   "pages of live tensors move after a device "
-                   "synchronization only";
+      LOG(WARNING) << "Large Model Support: launch gate off "
+                      "(TF_LMS_LAUNCH_GATE=0): pages of live tensors do not "
+                      "move (allocations past the device fail) unless "
+                      "TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1";
       return false;
     }
     if (gate.start()) {
@@ -121,9 +128,10 @@ void StartLaunchGateOnce() {
                                ? ": CUPTI is taken by another client, e.g. "
                                  "TensorFlow's profiler"
                                : ": CUPTI refused")
-                 << "): pages of live tensors move after a device "
-                    "synchronization only, which does not hold back kernels "
-                    "that other threads launch meanwhile";
+                 << "): pages of live tensors do not move (allocations past "
+                    "the device fail) unless TF_LMS_UNSAFE_MOVE_WITHOUT_GATE=1, "
+                    "which moves them after a device synchronization only "
+                    "(kernels other threads launch meanwhile are not held)";
     return false;
   }();
   (void)once;
@@ -170,9 +178,10 @@ class ScopedContext {
 class GpuLmsPageBackend : public LmsPageBackend {
  public:
   GpuLmsPageBackend(CUcontext ctx, int ordinal, CUdevice dev, int numa_id,
-                    size_t page, CUstream stream)
+                    size_t page, CUstream stream, std::vector<int> peers)
       : ctx_(ctx),
         ordinal_(ordinal),
+        peers_(std::move(peers)),
         dev_(dev),
         numa_id_(numa_id),
         page_(page),
@@ -210,6 +219,7 @@ class GpuLmsPageBackend : public LmsPageBackend {
   // Host pages come with their own mapping (this runs on the filler thread
   // too).
   Status CreatePage(bool host, PageHandle* handle) override {
+    TF_RETURN_IF_ERROR(faults_.Create(host));
     ScopedContext sc(ctx_);
     CUmemAllocationProp prop = Prop(host);
     CUmemGenericAllocationHandle h;
@@ -255,7 +265,9 @@ class GpuLmsPageBackend : public LmsPageBackend {
   }
   Status Remap(void* va, size_t n, bool to_host,
                const std::vector<PageHandle>& from,
-               const std::vector<PageHandle>& to) override {
+               const std::vector<PageHandle>& to,
+               std::vector<Placed>* placed) override {
+    placed->assign(n, Placed::kOnFrom);
     ScopedContext sc(ctx_);
     const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(va);
     std::vector<CUdeviceptr> dst(n);
@@ -280,7 +292,7 @@ class GpuLmsPageBackend : public LmsPageBackend {
     }
     if (!s.ok()) {
       cuStreamSynchronize(stream_);
-      return s;  // nothing at 'va' changed
+      return tsl::LmsRemapFailed(s, *placed, tsl::OkStatus());  // nothing moved
     }
     // Put the new pages under the data's addresses, chunk by chunk as their
     // copies finish.
@@ -304,8 +316,24 @@ class GpuLmsPageBackend : public LmsPageBackend {
     }
     if (s.ok()) return tsl::OkStatus();
     cuStreamSynchronize(stream_);
-    return PutBack(base, moved + (hole ? 1 : 0), moved, from, s);
+    return PutBack(base, moved + (hole ? 1 : 0), moved, from, to, s, placed);
   }
+  // Several GPUs.  The gate is process-wide: while this GPU's mover has it
+  // closed, launches for other GPUs wait too.  That is what keeps a move safe
+  // from them: the pages under tensors are mapped for the peer GPUs too
+  // (MapLocked), and cross-device copies and NCCL kernels (single-process
+  // NCCL may read a peer's buffers directly) run in other GPUs' contexts.
+  // Its cost: if work already queued on this GPU waits for a launch on
+  // another GPU (a collective whose partner kernel is not launched yet), the
+  // synchronization below waits for a launch the gate holds, and does not
+  // return.  Holding only this GPU's launches (per-device gating) would
+  // remove that wait but let another GPU's work touch a page while it moves;
+  // holding this GPU's launches during the synchronization and everyone's
+  // afterwards still has to wait for the other GPUs' queued work, with the
+  // same hazard.  Neither is sound without knowing which work touches which
+  // memory, so the gate stays process-wide (issue 40: not done); with
+  // collectives across GPUs, run LMS where a spill cannot meet one in
+  // flight, or give each GPU its own process.
   // Closes the launch gate (when it is active) and synchronizes the context;
   // Resume() opens the gate again.  A failed synchronization is logged and
   // the gate stays closed until Resume(): QuietScope pairs them on every
@@ -346,31 +374,61 @@ class GpuLmsPageBackend : public LmsPageBackend {
 
  private:
   // After a failed Remap: maps pages [0, n) at 'base' on their 'from' pages
-  // again; those below 'moved' are on their new page now, the one at 'moved'
-  // (if n > moved) is unmapped.  Returns the move's error, saying whether
-  // every page went back.
+  // again, every one even after one failed; those below 'moved' are on their
+  // new page now, the one at 'moved' (if n > moved) is unmapped.  Every page
+  // in [0, n) holds a whole copy on its 'to' page (its copy finished before
+  // it was unmapped), so a page that cannot go back is mapped on that copy
+  // (kOnTo) or, failing that too, left kUnmapped with both copies kept; the
+  // sub-allocator recycles only pages nothing maps (never one still mapped,
+  // which a later map at a second address would share).
   Status PutBack(CUdeviceptr base, size_t n, size_t moved,
-                 const std::vector<PageHandle>& from, const Status& failed) {
+                 const std::vector<PageHandle>& from,
+                 const std::vector<PageHandle>& to, const Status& failed,
+                 std::vector<Placed>* placed) {
+    Status lost;
     for (size_t m = 0; m < n; ++m) {
       const CUdeviceptr p = base + m * page_;
-      Status back = m < moved ? CuStatus(cuMemUnmap(p, page_), "cuMemUnmap")
-                              : tsl::OkStatus();
+      if (m < moved) {
+        (*placed)[m] = Placed::kOnTo;
+        Status un = CuStatus(cuMemUnmap(p, page_), "cuMemUnmap");
+        if (!un.ok()) {  // still on its new copy
+          if (lost.ok()) lost = un;
+          continue;
+        }
+      }
+      Status back = faults_.Next("cuMemMap(put back)");
       if (back.ok()) back = MapLocked(p, from[m]);
-      if (!back.ok()) return tsl::LmsRemapFailed(failed, back);
+      if (back.ok()) {
+        (*placed)[m] = Placed::kOnFrom;
+        continue;
+      }
+      if (lost.ok()) lost = back;
+      Status keep = faults_.Next("cuMemMap(keep the copy)");
+      if (keep.ok()) keep = MapLocked(p, to[m]);
+      (*placed)[m] = keep.ok() ? Placed::kOnTo : Placed::kUnmapped;
     }
-    return tsl::LmsRemapFailed(failed, tsl::OkStatus());
+    return tsl::LmsRemapFailed(failed, *placed, lost);
   }
 
-  Status MapLocked(CUdeviceptr va, PageHandle handle) {
+  // Maps 'handle' at 'va', readable and writable by this GPU and, for the
+  // pages under tensors ('peers'), by the peer GPUs that can access it
+  // (TensorFlow enables peer access between such GPUs, and NCCL and
+  // cross-device copies read tensors directly: memory mapped for one
+  // device only would fault there).  A page's own mapping (copies of
+  // this GPU's stream only) skips them: each device given costs the driver.
+  Status MapLocked(CUdeviceptr va, PageHandle handle, bool peers = true) {
     TF_RETURN_IF_ERROR(CuStatus(
         cuMemMap(va, page_, 0,
                  static_cast<CUmemGenericAllocationHandle>(handle), 0),
         "cuMemMap"));
-    CUmemAccessDesc access = {};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = ordinal_;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    Status s = CuStatus(cuMemSetAccess(va, page_, &access, 1), "cuMemSetAccess");
+    std::vector<CUmemAccessDesc> access(1 + (peers ? peers_.size() : 0));
+    for (size_t i = 0; i < access.size(); ++i) {
+      access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access[i].location.id = i == 0 ? ordinal_ : peers_[i - 1];
+      access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    Status s = CuStatus(cuMemSetAccess(va, page_, access.data(), access.size()),
+                        "cuMemSetAccess");
     if (!s.ok()) cuMemUnmap(va, page_);
     return s;
   }
@@ -398,7 +456,7 @@ class GpuLmsPageBackend : public LmsPageBackend {
       *va = free_slots_.back();
       free_slots_.pop_back();
     }
-    Status s = MapLocked(*va, h);
+    Status s = MapLocked(*va, h, /*peers=*/false);
     std::lock_guard<std::mutex> l(own_mu_);
     if (!s.ok()) {
       free_slots_.push_back(*va);
@@ -424,6 +482,7 @@ class GpuLmsPageBackend : public LmsPageBackend {
 
   const CUcontext ctx_;
   const int ordinal_;
+  const std::vector<int> peers_;  // GPUs that can access this one's memory
   const CUdevice dev_;
   const int numa_id_;
   const size_t page_;
@@ -517,9 +576,21 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
   CUstream stream;
   TF_RETURN_IF_ERROR(
       CuStatus(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
+  // Peer GPUs given access to the pages under tensors (MapLocked).
+  std::vector<int> peers;
+  int count = 0;
+  cuDeviceGetCount(&count);
+  for (int d = 0; d < count; ++d) {
+    CUdevice peer;
+    int can = 0;
+    if (d == device_ordinal || cuDeviceGet(&peer, d) != CUDA_SUCCESS) continue;
+    if (cuDeviceCanAccessPeer(&can, peer, dev) == CUDA_SUCCESS && can) {
+      peers.push_back(d);
+    }
+  }
   StartLaunchGateOnce();
   return std::unique_ptr<tsl::LmsPageBackend>(new GpuLmsPageBackend(
-      context, device_ordinal, dev, numa_id, page, stream));
+      context, device_ordinal, dev, numa_id, page, stream, std::move(peers)));
 #endif
 }
 
