@@ -205,39 +205,48 @@ def machine():
 
 
 def write_table(path, records):
-    commit = records[-1]["commit"] if records else "?"
-    rows = [r for r in records if r["commit"] == commit]
+    """The table of every record, one section per commit, the newest first."""
+    commits = list(dict.fromkeys(r["commit"] for r in reversed(records)))
     lines = [
         "# Training loops: stock vs save_on_cpu vs torchtune vs LMS activation swapping", "",
-        f"Written by bench_loops.py from `records/loops.jsonl` (commit {commit}; "
-        f"{rows[0]['machine'].get('gpu', '?') if rows else '?'}). Command: "
-        f"`{rows[-1]['command'] if rows else ''}`", "",
+        "Written by bench_loops.py from `records/loops.jsonl` (one JSON line per "
+        "configuration: commit, machine, torch, command, every iteration's counters).", "",
         "Fraction of bound: sum over timed iterations of max(stock's time for the same "
-        "iteration at 1.0x scaled by units, bytes out/54 GB/s + in/53 GB/s), over their "
-        "time. Net interventions: out-of-memory errors the eviction net caught in the timed "
-        "iterations (all iterations in brackets).", "",
-        "| loop | scale | batch | mode | result | iterations | units/s | vs stock 1.0x | % of bound | net interventions | out / in GB per iter | peak GPU GiB | peak host GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "iteration at 1.0x in the same run, scaled by units; bytes out / 54 GB/s + in / 53 "
+        "GB/s), over their time (* where stock did not run in that run: the copy term "
+        "alone, no measure of speed). Net interventions: out-of-memory errors the eviction "
+        "net caught in the timed iterations (all iterations in brackets).",
     ]
-    stock = {r["loop"]: r for r in rows if r["mode"] == "stock" and r["scale"] == 1.0
-             and r.get("status") == "ok"}
-    for r in rows:
-        ok = r.get("status") == "ok"
-        ups = r.get("units_per_s")
-        s1 = stock.get(r["loop"], {}).get("units_per_s")
-        lines.append("| " + " | ".join([
-            r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
-            r.get("status", "?") + ("" if ok else f": {str(r.get('error', ''))[:90]}").replace("|", "/").replace("\n", " "),
-            str(r.get("steps_done", "-")),
-            f"{ups:.0f} {r.get('unit', '')}" if ok and ups else "-",
-            f"{100 * ups / s1:.1f}%" if ok and ups and s1 else "-",
-            (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
-            if ok and r.get("frac_of_bound") and r["mode"] != "stock" else "-",
-            f"{r['net_interventions']} ({r['net_interventions_all']})" if ok and r["mode"] == "lms" else "-",
-            f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] == "lms" else "-",
-            f"{r['peak_alloc'] / GiB:.1f}" if r.get("peak_alloc") else "-",
-            f"{r['peak_host_rss'] / GiB:.1f}" if r.get("peak_host_rss") else "-",
-        ]) + " |")
+    for commit in commits:
+        rows = [r for r in records if r["commit"] == commit]
+        lines += ["", f"## Commit {commit}", "",
+                  f"{rows[0]['machine'].get('gpu', '?')}, torch {rows[0].get('torch')}. "
+                  f"Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in rows)),
+                  "",
+                  "| loop | scale | batch | mode | result | iterations | units/s | vs stock 1.0x | % of bound | net interventions | out / in GB per iter | peak GPU GiB | peak host GiB |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        stock = {}
+        for r in records:
+            if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
+                stock.setdefault(r["loop"], r)
+        for r in rows:
+            ok = r.get("status") == "ok"
+            ups = r.get("units_per_s")
+            s1 = stock.get(r["loop"], {}).get("units_per_s")
+            err = "" if ok else ": " + str(r.get("error", ""))[:90]
+            lines.append("| " + " | ".join([
+                r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
+                (str(r.get("status", "?")) + err).replace("|", "/").replace("\n", " "),
+                str(r.get("steps_done", "-")),
+                f"{ups:.0f} {r.get('unit', '')}" if ok and ups else "-",
+                f"{100 * ups / s1:.1f}%" if ok and ups and s1 else "-",
+                (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
+                if ok and r.get("frac_of_bound") and r["mode"] != "stock" else "-",
+                f"{r['net_interventions']} ({r['net_interventions_all']})" if ok and r["mode"] == "lms" else "-",
+                f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] == "lms" else "-",
+                f"{r['peak_alloc'] / GiB:.1f}" if r.get("peak_alloc") else "-",
+                f"{r['peak_host_rss'] / GiB:.1f}" if r.get("peak_host_rss") else "-",
+            ]) + " |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -263,9 +272,15 @@ def main():
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
     ap.add_argument("--record", default=str(RECORD), help="JSON Lines file to append to")
     ap.add_argument("--table", default=str(TABLE), help="markdown table to rewrite")
+    ap.add_argument("--table-only", action="store_true",
+                    help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
     if args.child:
         return child_search(args) if args.search else child(args)
+    if args.table_only:
+        records = [json.loads(x) for x in open(args.record) if x.strip()]
+        write_table(pathlib.Path(args.table), records)
+        return 0
 
     import loops
     install_stop_handlers()
