@@ -133,6 +133,12 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     round trip instead of the job.  What it did is in :func:`stats` (``guard.*``,
     ``swap.guard_*``) and is learned from: evictions in forward raise the next plan,
     evictions in backward the margin.
+``chunked_loss``
+    ``"auto"`` (default): where stock's ``F.cross_entropy`` over fp32 logits could not fit
+    (the allocation plus one and a half tensors of the input's size over what the caching
+    allocator can have), compute it in blocks of rows (:mod:`.chunked_loss`: the same
+    formula rounded in another order, not bitwise equal); ``True``: for every supported
+    loss of 256 MiB or more; ``False``: never.  Counted in ``swap.chunked_losses``.
 ``trace``
     record ``(time, event, device bytes allocated, host bytes in use)`` per pack and
     unpack into :func:`trace` (costs a memory query per event).
