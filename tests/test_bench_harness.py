@@ -156,3 +156,19 @@ def test_bounds_at_facts_rates_and_at_the_probed_link(tmp_path):
     md = (tmp_path / "r.md").read_text()
     assert "27.0 GB/s out, 26.5 in, 20.0 each way at once" in md
     assert "| 50.0%* | 100.0% |" in md and "| 125.0% | - |" in md
+
+
+def test_zoo_table_is_written_from_records(tmp_path):
+    """RESULTS-zoo.md comes from records/zoo.jsonl: a section per record, the newest first."""
+    bench = _import("bench_lms_swap")
+    row = {"model": "unet", "scale": 2.0, "batch": 200, "mode": "lms", "status": "ok",
+           "units_per_s": 50.0, "unit": "img/s", "step_s": 4.0, "frac_of_bound": 0.5}
+    old = {"run": "7", "date": "2026-11-22", "commit": None, "machine": {"gpu": "H100"},
+           "torch": None, "source": "h100-run7", "command": "c7", "results": [row]}
+    new = dict(old, run="8", commit="abc1234", torch="2.11", source=None, command="c8",
+               link={"d2h_gbps": 27.0, "h2d_gbps": 26.5})
+    bench.write_table(tmp_path / "t.md", [old, new])
+    md = (tmp_path / "t.md").read_text()
+    assert md.index("## run 8, 2026-11-22, commit abc1234, H100, torch 2.11") < md.index(
+        "## run 7, 2026-11-22, commit unknown, H100, folder `h100-run7`")
+    assert "27.0 GB/s out, 26.5 in" in md and md.count("| unet | 2.0x | 200 | lms | ok |") == 2

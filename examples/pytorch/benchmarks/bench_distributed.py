@@ -19,7 +19,7 @@ with compute = stock's 1.0x step time of that engine and GPU count, scaled to th
 peak host RSS of each rank and of the node against the node's host budget (80% of RAM,
 which lms_swap splits among the ranks of the node by default).
 
-    python3 examples/pytorch/benchmarks/bench_distributed.py --model resnet50 --out results/x2
+    python3 examples/pytorch/benchmarks/bench_distributed.py --model resnet50
     ... --max-gpu-gib 70      # cap each rank's device memory (shorter runs on big GPUs)
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ import os
 import pathlib
 import shlex
 import sys
+import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -37,6 +38,10 @@ sys.path.insert(0, str(HERE))
 
 from children import install_stop_handlers, meminfo, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
+import records  # noqa: E402
+
+RECORD = HERE / "records" / "distributed.jsonl"
+TABLE = HERE / "RESULTS-distributed.md"
 
 EXAMPLE = HERE.parent / "ddp_lms.py"
 ALLOC_CONF = "expandable_segments:True"  # as bench_lms_swap.py: every mode alike
@@ -132,12 +137,11 @@ def fmt_row(row: dict, one_gpu: dict) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def write(out: pathlib.Path, meta: dict, rows: list) -> None:
-    (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+def table(meta: dict, rows: list) -> list:
+    """The lines of one run's table: its setting, then a line per job."""
     one_gpu = {(r["scale"], r["lms"]): r["units_per_s"] for r in rows
                if r["nproc"] == 1 and r.get("units_per_s")}
-    lines = ["# LMS activation swapping under DDP / FSDP2: benchmark results", "",
-             f"Command: `{meta['command']}`", "",
+    lines = [f"Command: `{meta['command']}`", "",
              f"Model {meta['model']}, per-rank largest stock batch {meta['base_batch']} "
              f"({meta['base_batch_from']}); device cap {meta['max_gpu_gib'] or 'none'} GiB a rank; "
              f"node host budget {meta['node_budget'] / GiB:.1f} GiB (80% of {meta['host_total'] / GiB:.1f}); "
@@ -151,8 +155,27 @@ def write(out: pathlib.Path, meta: dict, rows: list) -> None:
              "vs 1 GPU | out/in GiB per step (per rank) | % of bound (per rank) | % of probed bound | "
              "peak host RSS GiB (per rank) | node: sum of rank peaks GiB | node: RAM in use at its peak GiB |",
              "|" + "---|" * 16]
-    lines += [fmt_row(r, one_gpu) for r in rows]
+    return lines + [fmt_row(r, one_gpu) for r in rows]
+
+
+def write(out: pathlib.Path, meta: dict, rows: list) -> None:
+    (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    lines = ["# LMS activation swapping under DDP / FSDP2: benchmark results", ""] + table(meta, rows)
     (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def write_table(path, recs) -> None:
+    """RESULTS-distributed.md: every record, the newest first, a section each."""
+    lines = ["# LMS activation swapping under DDP / FSDP2", "",
+             "Written by bench_distributed.py from `records/distributed.jsonl` (one JSON line per "
+             "run: run, date, commit, machine, torch, command, configuration, every job's "
+             "counters; runs before the records: `source` names the folder they came from, and "
+             "`records/runs.jsonl` holds that folder's notes)."]
+    for r in reversed(recs):
+        lines += ["", "## " + records.title(r), ""] + table(r, r.get("rows", []))
+    pathlib.Path(path).write_text("\n".join(lines) + "\n")
+
+
 
 
 def main() -> int:
@@ -171,9 +194,17 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=240, help="seconds for one job")
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=8.0)
-    ap.add_argument("--out", default=str(HERE / "results" / "distributed"))
+    ap.add_argument("--out", default=str(pathlib.Path(tempfile.gettempdir()) / "bench_distributed"),
+                    help="folder of this run's raw log, results.json and results.md")
+    ap.add_argument("--record", default=str(RECORD), help="JSON Lines file to append to")
+    ap.add_argument("--table", default=str(TABLE), help="markdown table to rewrite")
+    ap.add_argument("--table-only", action="store_true",
+                    help="rewrite the table from the records, run nothing")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.table_only:
+        write_table(args.table, records.load(args.record))
+        return 0
     if args.probe:
         probe()
         return 0
@@ -254,6 +285,9 @@ def main() -> int:
               f"{' '.join(str(d.get('pct_of_bound')) + '%' for d in pr if d.get('pct_of_bound'))} "
               f"wall {row.get('wall_s', 0)}s", flush=True)
         write(out, meta, rows)
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "record", "table", "table_only", "probe")}
+    records.append(args.record, {**records.header(), **meta, "config": config, "rows": rows})
+    write_table(args.table, records.load(args.record))
     print(f"total wall {time.perf_counter() - t_start:.0f}s", flush=True)
     return 0
 

@@ -22,7 +22,12 @@ without stock at 1.0x in the same run, the copy term alone).  The run first meas
 host's pinned copy rates (link_rate.py) and reports the fraction of the bound at those
 rates as well ("probed"): hosts of the same machine type have differed by 8-10%.
 
-    python examples/pytorch/benchmarks/bench_lms_swap.py --out results/   # everything
+Each run appends one JSON line to ``--record`` (records/zoo.jsonl: run id from LMS_RUN,
+date, commit from LMS_COMMIT or git, machine, torch, configuration, every configuration's
+counters) and rewrites ``--table`` (RESULTS-zoo.md) from all records; the raw logs go to
+``--out`` (outside the tree by default).
+
+    python examples/pytorch/benchmarks/bench_lms_swap.py                  # everything
     python examples/pytorch/benchmarks/bench_lms_swap.py --models resnet50 --scales 1.0 1.5
 """
 from __future__ import annotations
@@ -34,6 +39,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -43,6 +49,10 @@ sys.path.insert(0, str(HERE))         # zoo
 import zoo  # noqa: E402  (the models: unmodified library code)
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
+import records  # noqa: E402
+
+RECORD = HERE / "records" / "zoo.jsonl"
+TABLE = HERE / "RESULTS-zoo.md"
 
 ALLOC_CONF = None  # PYTORCH_CUDA_ALLOC_CONF for every child (all modes alike)
 
@@ -356,8 +366,16 @@ def main():
                     help="GiB per copy when measuring this host's pinned copy rates before "
                          "the configurations (0: not measured)")
     ap.add_argument("--probe-link", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=str(pathlib.Path(tempfile.gettempdir()) / "bench_lms_swap"),
+                    help="folder of this run's raw log, results.json and results.md")
+    ap.add_argument("--record", default=str(RECORD), help="JSON Lines file to append to")
+    ap.add_argument("--table", default=str(TABLE), help="markdown table to rewrite")
+    ap.add_argument("--table-only", action="store_true",
+                    help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
+    if args.table_only:
+        write_table(pathlib.Path(args.table), records.load(args.record))
+        return 0
 
     if args.child:
         if args.probe_link:
@@ -438,6 +456,13 @@ def main():
                 with open(out / "results.json", "w") as f:
                     json.dump({"command": cmd, "link": link, "results": results}, f, indent=1)
     write_markdown(out / "results.md", cmd, results, args, link)
+    import torch
+    config = {k: v for k, v in vars(args).items()
+              if k not in ("child", "search", "mode", "batch", "model", "probe_link", "out",
+                           "record", "table", "table_only")}
+    records.append(args.record, {**records.header(), "command": cmd, "config": config,
+                                 "link": link, "results": results})
+    write_table(pathlib.Path(args.table), records.load(args.record))
     print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
 
 
@@ -479,6 +504,64 @@ def summary_line(r):
     return s
 
 
+TABLE_HEAD = [
+    "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | timed steps (allocator retries) | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound | % of probed bound |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def table_rows(results):
+    """The table's lines of one run's configurations."""
+    rows = []
+    stock = {}
+    for r in results:
+        if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
+            stock[r["model"]] = r["units_per_s"]
+    for r in results:
+        ok = r.get("status") == "ok"
+        thr = f"{r['units_per_s']:.1f} {r['unit']}" if ok else "-"
+        rel = f"{100 * r['units_per_s'] / stock[r['model']]:.1f}%" if ok and r["model"] in stock else "-"
+        status = r.get("status", "?")
+        if not ok and r.get("steps_done") is not None:
+            status += f" after {r['steps_done']} steps"
+        elif not ok and r.get("error"):
+            status += ": " + r["error"].strip().splitlines()[-1][:80].replace("|", "/")
+        rows.append("| " + " | ".join([
+            r["model"], f"{r['scale']}x", str(r["batch"]), r["mode"], status, thr, rel,
+            f"{r['step_s']:.3f}" if ok else "-",
+            f"{r['timed_steps']} ({r['timed_alloc_retries']})" if "timed_steps" in r else "-",
+            f"{fmt_gib(r.get('peak_alloc'))} / {fmt_gib(r.get('peak_reserved'))}" if "peak_alloc" in r else "-",
+            fmt_gib(r.get("peak_host_rss")),
+            f"{fmt_gib(r['out_bytes_per_step'])} / {fmt_gib(r['in_bytes_per_step'])}" if "out_bytes_per_step" in r else "-",
+            f"{r['bound_step_s']:.3f}" if "bound_step_s" in r else "-",
+            (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
+            if "frac_of_bound" in r else "-",
+            f"{100 * r['frac_of_probed_bound']:.1f}%" if "frac_of_probed_bound" in r else "-",
+        ]) + " |")
+    return rows
+
+
+def write_table(path, recs):
+    """RESULTS-zoo.md: every record, the newest first, a section each."""
+    lines = [
+        "# LMS activation swapping on the model zoo: stock vs save_on_cpu vs LMS", "",
+        "Written by bench_lms_swap.py from `records/zoo.jsonl` (one JSON line per run: run, "
+        "date, commit, machine, torch, command, configuration, every configuration's counters; "
+        "runs before the records: `source` names the folder they came from, and "
+        "`records/runs.jsonl` holds that folder's notes).", "",
+        "Bound = max(compute, S_out/54 GB/s + S_in/53 GB/s) with compute = stock step time at "
+        "1.0x scaled to the batch (where stock ran at 1.0x in the same run; else the copy term "
+        "alone, marked *); S = bytes lms moved per step; probed: at the pinned copy rates "
+        "measured on the host at the start of the run.",
+    ]
+    for r in reversed(recs):
+        link = r.get("link")
+        lines += ["", "## " + records.title(r), "", f"Command: `{r.get('command')}`"
+                  + (f" Pinned copies: {link.get('d2h_gbps')} GB/s out, {link.get('h2d_gbps')} in."
+                     if link else ""), ""] + TABLE_HEAD + table_rows(r.get("results", []))
+    pathlib.Path(path).write_text("\n".join(lines) + "\n")
+
+
 def write_markdown(path, cmd, results, args, link=None):
     lines = [
         "# LMS activation swapping: benchmark results", "",
@@ -495,34 +578,8 @@ def write_markdown(path, cmd, results, args, link=None):
         + (f"{link['d2h_gbps']} GB/s out, {link['h2d_gbps']} in, {link['both_ways_gbps_each']} "
            f"each way at once; the probed bound uses the first two." if link else "not measured."),
         "",
-        "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | timed steps (allocator retries) | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound | % of probed bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    stock = {}
-    for r in results:
-        if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
-            stock[r["model"]] = r["units_per_s"]
-    for r in results:
-        ok = r.get("status") == "ok"
-        thr = f"{r['units_per_s']:.1f} {r['unit']}" if ok else "-"
-        rel = f"{100 * r['units_per_s'] / stock[r['model']]:.1f}%" if ok and r["model"] in stock else "-"
-        status = r.get("status", "?")
-        if not ok and r.get("steps_done") is not None:
-            status += f" after {r['steps_done']} steps"
-        elif not ok and r.get("error"):
-            status += ": " + r["error"].strip().splitlines()[-1][:80].replace("|", "/")
-        lines.append("| " + " | ".join([
-            r["model"], f"{r['scale']}x", str(r["batch"]), r["mode"], status, thr, rel,
-            f"{r['step_s']:.3f}" if ok else "-",
-            f"{r['timed_steps']} ({r['timed_alloc_retries']})" if "timed_steps" in r else "-",
-            f"{fmt_gib(r.get('peak_alloc'))} / {fmt_gib(r.get('peak_reserved'))}" if "peak_alloc" in r else "-",
-            fmt_gib(r.get("peak_host_rss")),
-            f"{fmt_gib(r['out_bytes_per_step'])} / {fmt_gib(r['in_bytes_per_step'])}" if "out_bytes_per_step" in r else "-",
-            f"{r['bound_step_s']:.3f}" if "bound_step_s" in r else "-",
-            (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
-            if "frac_of_bound" in r else "-",
-            f"{100 * r['frac_of_probed_bound']:.1f}%" if "frac_of_probed_bound" in r else "-",
-        ]) + " |")
+    ] + TABLE_HEAD
+    lines += table_rows(results)
     path.write_text("\n".join(lines) + "\n")
 
 
