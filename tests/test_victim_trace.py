@@ -14,7 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples" / "pytorch" / "benchmarks"))
 import victim_trace as vt  # noqa: E402
 
-RESULTS = REPO / "examples" / "pytorch" / "benchmarks" / "results" / "h100-run137"
+RECORDS = REPO / "examples" / "pytorch" / "benchmarks" / "records"
+TRACES = RECORDS / "traces"  # run 137's traces (records/victim_trace.jsonl, run 137)
+
+
+def _replays(run):
+    """The simulate output recorded for each model in records/victim_trace.jsonl, run ``run``."""
+    lines = [json.loads(x) for x in (RECORDS / "victim_trace.jsonl").read_text().splitlines() if x]
+    return {r["model"]: r for r in lines if r["run"] == run}
 
 
 def _trace(foreach=None):
@@ -88,16 +95,16 @@ def test_framework_classes_are_what_the_framework_knows():
     assert len(params) >= 16 and not params & set(cls)   # parameters are in the rest
 
 
-@pytest.mark.parametrize("replayed", [RESULTS, RESULTS.parent / "h100-run149",
-                                      RESULTS.parent / "h100-run160"])
-def test_recorded_h100_traces_replay_as_recorded(replayed):
+@pytest.mark.parametrize("run", ["137", "149", "160"])
+def test_recorded_h100_traces_replay_as_recorded(run):
     """The traces of run 137 replay to the numbers recorded with them (run 137's README) and to
     the later replays with the free-order policies (run 149's README) and the framework-classes
     policy (run 160's README): the simulation is deterministic."""
+    replayed = _replays(run)
     for model in ("llama", "vit-l", "resnet50"):
-        with gzip.open(RESULTS / f"trace-{model}.json.gz", "rt") as f:
+        with gzip.open(TRACES / f"trace-{model}.json.gz", "rt") as f:
             tr = json.load(f)
-        want = json.loads((replayed / f"simulate-{model}.json").read_text())
+        want = replayed[model]
         assert vt.peak_live_bytes(tr) == want["peak_live"]
         for row in want["rows"]:
             got = vt.simulate(tr, row["capacity"], row["policy"])
