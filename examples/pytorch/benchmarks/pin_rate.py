@@ -2,7 +2,7 @@
 
 The pinned pool of lms_swap maps each buffer with mmap (2 MiB pages advised) and pins
 it with cudaHostRegister on the training thread.  On the H100 machine that ran at 1-2 GB/s
-(results/h100-run48/pinbench.py) and dominated the warm-up steps (98 s for
+(run 48's probe, records/runs.jsonl) and dominated the warm-up steps (98 s for
 EfficientNet-B3 at 2x, run 73).  Registering fresh pages includes the kernel faulting
 in and zero-filling every page; this script separates the two, to find out whether
 touching the pages first from several threads makes pinning faster:
