@@ -114,7 +114,7 @@ def _prefault(buf: torch.Tensor) -> None:
     cudaHostRegister of fresh pages has the kernel fault in and zero each one on the
     calling thread, at 1-2 GB/s; written first from 8 threads (one byte a 4 KiB page),
     the same 8.6 GB pinned at 4.1 GB/s in all on the H100 machine (pin_rate.py,
-    results/h100-run75).  Its own threads, not PyTorch's intra-op pool, which torchrun
+    records/runs.jsonl, run 75).  Its own threads, not PyTorch's intra-op pool, which torchrun
     sets to one thread.  Zeros are written: the buffer reads as the kernel gave it."""
     n = buf.numel()
     if n < (64 << 20):

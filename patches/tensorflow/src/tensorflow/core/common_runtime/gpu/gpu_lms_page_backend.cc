@@ -170,7 +170,7 @@ class ScopedContext {
 // through those mappings, then maps each new page at the data's address as
 // soon as the copies of its chunk finished, while the copy engine moves the
 // next chunks.  What the pieces cost on the H100
-// (examples/pytorch/benchmarks/results/h100-run119, vmm_costs.cu): a
+// (examples/pytorch/benchmarks/records/probes.jsonl, runs 119-122, vmm_costs.cu): a
 // cuMemSetAccess of a host mapping takes 14-27 us per MiB, serialised in the
 // driver, and bounds a spill near 0.64 of a pinned copy; a staging window
 // paid it twice per page.  Creating host pages runs at 4-5 GB/s, so the
