@@ -502,3 +502,20 @@ def test_forward_waits_for_its_oldest_copies_not_for_the_allocator(lms_swap, cud
         assert torch.equal(u, v)
     for u, v in zip(ref[1], out[1]):
         assert torch.equal(u, v)
+
+
+def test_a_request_no_swapping_can_serve_says_why(lms_swap, cuda_clean):
+    """A request larger than the device, made while swapping is on and a saved tensor is
+    kept: the net moves what it can and then lets the error through saying what it moved,
+    why it could move no more and what to change, not as a bare CUDA out of memory."""
+    x = torch.randn(4096, 1024, device="cuda", requires_grad=True)
+    total = torch.cuda.get_device_properties(0).total_memory
+    with lms_swap.swapping():
+        y = x.exp()  # saves its 16 MiB output, kept on the device and evictable
+        with pytest.raises(torch.OutOfMemoryError) as err:
+            torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+    msg = str(err.value)
+    assert "LMS activation swapping could not make room" in msg, msg
+    assert "allocator-level LMS" in msg and "chunked_loss" in msg
+    y.sum().backward()  # what the net moved comes back
+    assert torch.equal(x.grad, x.detach().exp())

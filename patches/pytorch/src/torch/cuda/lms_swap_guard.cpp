@@ -542,6 +542,36 @@ class Guard {
 
  public:
   std::atomic<int64_t> served_{0};
+
+  // What the program is told when the net cannot make room for a request of `n` bytes:
+  // the allocator's own message, then what the net had moved, why it could move no more
+  // and what to change.  A raw "CUDA out of memory" after activation swapping says
+  // nothing of either.
+  std::string explain(const std::string& allocator_msg, size_t n) const {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    char buf[1400];
+    const char* why =
+        host_refused_.load() > 0
+            ? "its host swap space was full (PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB or host_limit "
+              "sets it)"
+            : (g_resident.load() > 0
+                   ? "the saved tensors still on the device are referenced elsewhere too"
+                   : "no saved tensor is left on the device for it to move");
+    std::snprintf(
+        buf, sizeof buf,
+        "\nLMS activation swapping could not make room for this request of %.2f GiB "
+        "(%.2f GiB allocated when the net last tried): %s. It has moved %.2f GiB of saved "
+        "tensors to host memory so far (%.2f GiB host memory in use by it). What remains "
+        "on the device is held by what autograd does not save through it: parameters, "
+        "gradients, optimizer state, and a model's outputs or transients (a language "
+        "model's logits). To go on: a smaller batch; for a language model's loss, "
+        "lms_swap's chunked_loss=True; or the allocator-level LMS of a PyTorch built with "
+        "the LMS patch (torch.cuda.set_enabled_lms(True)), which moves any block.",
+        static_cast<double>(n) / kGiB, static_cast<double>(last_allocated_.load()) / kGiB,
+        why, static_cast<double>(evicted_bytes_.load()) / kGiB,
+        static_cast<double>(g_host_bytes.load()) / kGiB);
+    return allocator_msg + buf;
+  }
 };
 
 // ---- the allocator's `allocate`, redirected -----------------------------------------
@@ -560,8 +590,11 @@ c10::DataPtr guarded_allocate(c10::Allocator* self, size_t n) {
       c10::DataPtr p = g_allocate(self, n);
       if (attempt > 0) Guard::get().served_++;
       return p;
-    } catch (const c10::OutOfMemoryError&) {
-      if (attempt >= 16 || !Guard::get().on_oom(c10::cuda::current_device(), n, attempt)) throw;
+    } catch (const c10::OutOfMemoryError& e) {
+      Guard& g = Guard::get();
+      if (attempt < 16 && g.on_oom(c10::cuda::current_device(), n, attempt)) continue;
+      if (!g.armed()) throw;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, g.explain(e.msg(), n));
     }
   }
 }
