@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from build_tools.abi import (BIT_ABI_CHANGE, BIT_INCOMPATIBLE, check_library,
-                             is_toolchain_symbol, run_abidiff)
+from build_tools.abi import (BIT_ABI_CHANGE, BIT_ERROR, BIT_INCOMPATIBLE, BIT_USAGE_ERROR,
+                             check_library, is_toolchain_symbol, only_grows_problems, run_abidiff)
 from build_tools.tools import find_tool
 
 BASE_C = """
@@ -66,6 +66,26 @@ def test_struct_layout_change_fails(tmp_path):
     assert d.functions["changed"] == 1
     rep = check_library(v1, v2)
     assert not rep.ok and "changed" in rep.problems[0]
+    # the exit status alone does not show it: only bit 4 is set, as for additions, so a check that
+    # masks bits 1, 2 and 8 passes a layout change; only_grows_problems reads the report
+    assert d.exit_code & (BIT_ERROR | BIT_USAGE_ERROR | BIT_INCOMPATIBLE) == 0, d.exit_code
+    problems = only_grows_problems(d)
+    assert any("0 functions removed, 1 changed" in p for p in problems), problems
+
+
+def test_only_grows_allows_additions_and_nothing_else(tmp_path):
+    """The rule of test_c10_cuda_abi_only_grows: added functions, variables and symbols pass;
+    a removed or changed function, a changed variable type or a tool failure fails."""
+    v1 = so(tmp_path, "v1", BASE_C + "long counter = 3;\n")
+    grown = so(tmp_path, "grown", BASE_C + "long counter = 3;\nint h(void) { return 2; }\nint extra = 1;\n")
+    assert only_grows_problems(run_abidiff(v1, grown)) == []
+    removed = so(tmp_path, "removed", BASE_C.replace("int g(void) { return 1; }", "") + "long counter = 3;\n")
+    assert any("1 functions removed" in p for p in only_grows_problems(run_abidiff(v1, removed)))
+    var_type = so(tmp_path, "var_type", BASE_C + "int counter = 3;\n")
+    assert any("variables removed, 1 changed" in p for p in only_grows_problems(run_abidiff(v1, var_type)))
+    bogus = tmp_path / "not-elf.so"
+    bogus.write_text("hello")
+    assert any("abidiff failed" in p for p in only_grows_problems(run_abidiff(v1, bogus)))
 
 
 def test_cxx_class_layout_change_caught_by_type_check(tmp_path):

@@ -329,5 +329,32 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
                      baseline=base.to_json() if base else None, types=types.to_json() if types else None)
 
 
+def only_grows_problems(d: Abidiff) -> list[str]:
+    """Why `d` (old -> new) is more than growth: [] when the new library only ADDS functions,
+    variables or symbols.  abidiff's exit status cannot say this alone: bit 4 (ABI_CHANGE) is set by
+    additions and by a changed function, variable or type alike (a struct layout change behind a
+    parameter sets only bit 4), so the report's counts decide: anything removed or changed fails,
+    as do bits 1, 2 (the tool failed) and 8 (incompatible change)."""
+    problems = []
+    if d.tool_failed:
+        problems.append(f"abidiff failed (exit {d.exit_code}: {', '.join(d.bits)}): {d.report[-1500:]}")
+    if d.exit_code & BIT_INCOMPATIBLE:
+        problems.append(f"abidiff reports an incompatible change (exit {d.exit_code}: {', '.join(d.bits)})")
+    for kind in ("functions", "variables"):
+        c = d.__dict__[kind]
+        if c["removed"] or c["changed"]:
+            problems.append(f"{c['removed']} {kind} removed, {c['changed']} changed: " + "; ".join(d.changed[:5]))
+    for kind in ("function_symbols", "variable_symbols"):
+        if d.__dict__[kind]["removed"]:
+            problems.append(f"{d.__dict__[kind]['removed']} {kind.replace('_', ' ')} removed: "
+                            + ", ".join(d.removed_symbols[:10]))
+    if d.exit_code & BIT_ABI_CHANGE and not problems and not (
+            any(d.__dict__[k]["added"] for k in ("functions", "variables", "function_symbols", "variable_symbols"))):
+        # bit 4 with nothing the parser recognised: a change it cannot read is not "growth"
+        problems.append("abidiff reports an ABI change (bit 4) that is neither an addition nor parsed: "
+                        + d.report[-1500:])
+    return problems
+
+
 def write_report(report: AbiReport, path: Path) -> None:
     path.write_text(json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n")
