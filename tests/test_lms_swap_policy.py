@@ -918,6 +918,35 @@ def test_pool_reuses_its_hot_buffers_and_lets_the_rest_age_out(m):
         m.HostPool(limit=1, pin=False, keep_steps=0)
 
 
+def _pin_check():
+    sys.path.insert(0, str(REPO / "tests" / "conformance" / "lms_swap"))
+    import pin_check
+    return pin_check
+
+
+def test_pin_check_fails_on_a_pageable_pool(m, monkeypatch):
+    """The GPU suite's check that every host buffer of a CUDA swapper is pinned
+    (tests/conformance/lms_swap/pin_check.py): a pool of pageable memory (pin=False) fails
+    it at its first buffer, whole and in pieces; pinned buffers pass and are counted;
+    swappers of device_type "cpu" are not checked."""
+    pc = _pin_check()
+    pool = pc.check_pool(m.HostPool(limit=1 << 30, pin=False, chunk_bytes=4 * MiB))
+    with pytest.raises(AssertionError, match="not pinned"):
+        pool.alloc(1 * MiB)
+    with pytest.raises(AssertionError, match="not pinned"):
+        pool.alloc_pieces(6 * MiB)
+    assert pool.pin_checks == 0
+    ok = pc.check_pool(m.HostPool(limit=1 << 30, pin=False, chunk_bytes=4 * MiB), is_pinned=lambda t: True)
+    ok.alloc(1 * MiB)
+    ok.alloc_pieces(6 * MiB)
+    assert ok.pin_checks >= 3
+    pc.check_cuda_swappers(m, monkeypatch)
+    assert getattr(cpu_swapper(m).pool, "pin_checks", None) is None
+    cuda_sw = m.ActivationSwapper(device_type="cuda", pool=m.HostPool(limit=1 << 30, pin=False))
+    with pytest.raises(AssertionError, match="not pinned"):
+        cuda_sw.pool.alloc(1 * MiB)
+
+
 def test_pool_limit_counts_host_memory_held_elsewhere(m):
     held = {"n": 6 * MiB}
     pool = m.HostPool(limit=10 * MiB, pin=False, extra_fn=lambda: held["n"])
