@@ -88,6 +88,27 @@ def test_only_grows_allows_additions_and_nothing_else(tmp_path):
     assert any("abidiff failed" in p for p in only_grows_problems(run_abidiff(v1, bogus)))
 
 
+def test_summary_with_suppressions_is_parsed():
+    """With --suppressions (test_c10_cuda_abi_only_grows) abidiff writes "(N filtered out)" after
+    a count; a changed function must still be counted there, not read as 0."""
+    from build_tools.abi import Abidiff, parse_report
+    report = ("Functions changes summary: 0 Removed (1 filtered out), 2 Changed (30 filtered out), "
+              "62 Added (13 filtered out) functions\n"
+              "Variables changes summary: 0 Removed, 0 Changed, 0 Added variable\n"
+              "Function symbols changes summary: 1 Removed (3 filtered out), 0 Added (3 filtered out) "
+              "function symbols not referenced by debug info\n"
+              "Variable symbols changes summary: 0 Removed, 4 Added (3 filtered out) variable symbols "
+              "not referenced by debug info\n")
+    p = parse_report(report)
+    assert p["functions"] == {"removed": 0, "changed": 2, "added": 62}
+    assert p["function_symbols"] == {"removed": 1, "added": 0}
+    assert p["variable_symbols"] == {"removed": 0, "added": 4}
+    d = Abidiff(old="a", new="b", exit_code=BIT_ABI_CHANGE, report=report, **p)
+    problems = only_grows_problems(d)
+    assert any("0 functions removed, 2 changed" in x for x in problems), problems
+    assert any("1 function symbols removed" in x for x in problems), problems
+
+
 def test_cxx_class_layout_change_caught_by_type_check(tmp_path):
     """What the overlay does for libc10_cuda: the official binary has no DWARF, so the layout check
     compares unpatched vs patched rebuilds with -g (types_old/types_new)."""

@@ -47,11 +47,13 @@ BIT_USAGE_ERROR = 2
 BIT_ABI_CHANGE = 4
 BIT_INCOMPATIBLE = 8
 
+# with --suppressions abidiff writes "0 Removed (1 filtered out), 0 Changed (30 filtered out), ..."
+_FILTERED = r"(?: \((\d+) filtered(?: out)?\))?"
 _SUMMARY = re.compile(
-    r"^(Functions|Variables) changes summary: (\d+) Removed(?: \((\d+) filtered\))?, "
-    r"(\d+) Changed(?: \((\d+) filtered\))?, (\d+) Added", re.M)
+    r"^(Functions|Variables) changes summary: (\d+) Removed" + _FILTERED + ", "
+    r"(\d+) Changed" + _FILTERED + r", (\d+) Added", re.M)
 _SYM_SUMMARY = re.compile(
-    r"^(Function|Variable) symbols changes summary: (\d+) Removed, (\d+) Added", re.M)
+    r"^(Function|Variable) symbols changes summary: (\d+) Removed" + _FILTERED + r", (\d+) Added", re.M)
 _LIST_HEADER = re.compile(
     r"^(\d+) (Removed|Added|Changed) (function|variable)( symbol)?s?( not referenced by debug info)?:$")
 
@@ -139,7 +141,7 @@ def parse_report(report: str) -> dict:
         out[key] = {"removed": int(m.group(2)), "changed": int(m.group(4)), "added": int(m.group(6))}
     for m in _SYM_SUMMARY.finditer(report):
         key = "function_symbols" if m.group(1) == "Function" else "variable_symbols"
-        out[key] = {"removed": int(m.group(2)), "added": int(m.group(3))}
+        out[key] = {"removed": int(m.group(2)), "added": int(m.group(4))}
     section = None
     for line in report.splitlines():
         h = _LIST_HEADER.match(line.strip())
