@@ -108,7 +108,7 @@ def work(request):
     # v2.x maps expandable segments page by page; v1.13.1's LMS segments are mapped whole
     partial = "struct ExpandableSegment" in (tree / "c10" / "cuda" / "CUDACachingAllocator.cpp").read_text()
     return dict(out=out, results=results, lms=lms, probe=probe, cuda=cuda, has_net=has_net,
-                partial_segments=partial)
+                partial_segments=partial, tree=tree)
 
 
 def _need_net(work):
@@ -233,6 +233,49 @@ def test_stats_add_up(work):
     assert m["host_bytes.peak"] > 0 and m["swap_out_time_ns"] > 0
     assert rs["host_bytes.peak"] == rs["host_bytes.current"]    # reset_peak_memory_stats resets the peak
     assert end["host_bytes.current"] == 0
+
+
+def test_memory_stats_lms_keys_follow_a_spill(work):
+    """torch.cuda.memory_stats() as the patched tree's memory.py and lms.py compute it (run without
+    torch, over this allocator's raw statistics): the lms.* keys are there, equal the allocator's
+    own counters and move with a spill, a return and reset_peak_memory_stats."""
+    p, r = drive(work, "memory_stats", f"tree={work['tree']}")
+    r = _need(p, r)
+    s0, s1, s2, s3 = r["start"], r["spilled"], r["freed"], r["after_reset"]
+    SUMMARY["memory_stats"] = {k: s1.get(k) for k in ("lms.swap_out_bytes", "lms.host_bytes.current",
+                                                      "lms.swap_out_count", "allocated_bytes.all.current")}
+    assert r["mismatches"] == 0
+    for k in ("lms.swap_out_bytes", "lms.swap_in_bytes", "lms.swap_out_count", "lms.host_bytes.current",
+              "lms.host_bytes.peak", "lms.host_budget.limit", "lms.alloc_served.lms_reclaim",
+              "lms.launch_gate.active"):
+        assert k in s0 and k in s1, (k, sorted(s1))
+    # the merged values are the allocator's own (c10_lms_stats at the same moment)
+    assert {k[4:]: v for k, v in s1.items() if k.startswith("lms.")} == r["spilled_raw"]
+    assert s1["allocated_bytes.all.current"] >= r["n_bytes"]           # the raw statistics kept
+    assert s0["lms.swap_out_bytes"] == 0 and s0["lms.host_bytes.current"] == 0, s0
+    assert s1["lms.swap_out_bytes"] >= 1 << 30 and s1["lms.swap_out_count"] > 0, s1   # 3 GiB under 2 GiB
+    assert s1["lms.host_bytes.current"] > 0 and s1["lms.host_bytes.peak"] >= s1["lms.host_bytes.current"]
+    assert s1["lms.alloc_served.lms_reclaim"] >= 1, s1
+    assert s2["lms.host_bytes.current"] == 0, s2                       # all freed: nothing left on host
+    assert s2["lms.host_bytes.peak"] >= s1["lms.host_bytes.current"], s2
+    assert s3["lms.host_bytes.peak"] == s3["lms.host_bytes.current"] == 0, s3   # peak reset
+
+
+def test_spilled_pages_are_host_numa_allocations(work):
+    """Pinning of the allocator's swap space: every 2 MiB of 3 GiB of blocks (under a 2 GiB limit)
+    is backed by a VMM allocation whose location type (cuMemGetAllocationPropertiesFromHandle)
+    is the device or host memory (host / host NUMA: page-locked by construction), none by
+    pageable or other memory; the host-backed bytes are spilled data (at most the lms host bytes)."""
+    p, r = drive(work, "host_pages")
+    r = _need(p, r)
+    b, lms = r["bytes_by_location"], r["lms"]
+    SUMMARY["host_pages"] = dict(b, host_bytes=lms["host_bytes.current"])
+    assert r["mismatches"] == 0
+    host = b["host"] + b["host_numa"] + b["host_numa_current"]
+    assert b["other"] == 0 and b["not_vmm"] == 0, b            # nothing pageable, nothing unmapped
+    assert b["device"] + host == r["n_bytes"], b
+    assert host > 0 and b["device"] > 0, b                     # some data spilled, some stayed
+    assert lms["swap_out_bytes"] > 0 and host <= lms["host_bytes.current"], (b, lms)
 
 
 def test_a_failed_page_move_loses_nothing(work):
