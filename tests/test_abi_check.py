@@ -129,6 +129,11 @@ def test_cxx_class_layout_change_caught_by_type_check(tmp_path):
     rep = check_library(old_nodbg, new_nodbg, types_old=old_dbg, types_new=new_dbg)
     assert not rep.ok
     assert any("type check" in p for p in rep.problems), rep.problems
+    # ... also with the overlay's suppressions (std:: template instances only)
+    from build_tools.overlay.build import ABI_SUPPRESSIONS
+    rep = check_library(old_nodbg, new_nodbg, types_old=old_dbg, types_new=new_dbg,
+                        type_suppressions=ABI_SUPPRESSIONS)
+    assert any("type check" in p and "1 changed" in p for p in rep.problems), rep.problems
 
 
 def test_signature_change_fails(tmp_path):

@@ -258,7 +258,8 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
                   types_old: Path | None = None, types_new: Path | None = None,
                   importers: dict[str, set] | None = None,
                   providers: dict[str, set] | None = None,
-                  system_provided: set | None = None) -> AbiReport:
+                  system_provided: set | None = None,
+                  type_suppressions: Path | None = None) -> AbiReport:
     """Decide whether `rebuilt` can replace `official` (policy in the module docstring).
 
     baseline: the UNPATCHED tree rebuilt with the same toolchain (stripped like `rebuilt`);
@@ -268,6 +269,9 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
     providers: {library name: symbols still available to it} (its NEEDED closure in the wheel,
       without the replaced library).
     system_provided: symbols the platform's libstdc++/libgcc guarantee (see overlay.platform).
+    type_suppressions: an abidiff suppression file for the type check (the overlay passes
+      build_tools/c10_build/abi_suppressions.txt: std:: template instances, vague linkage that every
+      consumer carries its own copy of, are not the library's ABI).
     """
     problems: list[str] = []
     tolerated: list[dict] = []
@@ -315,7 +319,8 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
         tolerated.append({"symbol": s, "why": why})
     types = None
     if types_old is not None and types_new is not None:
-        types = run_abidiff(types_old, types_new)
+        types = run_abidiff(types_old, types_new, extra_args=(
+            ("--suppressions", str(type_suppressions)) if type_suppressions else ()))
         if types.tool_failed:
             problems.append(f"type check abidiff failed (exit {types.exit_code}): {types.report[-2000:]}")
         for kind in ("functions", "variables"):
