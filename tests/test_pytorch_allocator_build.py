@@ -79,10 +79,11 @@ def test_c10_cuda_abi_only_grows(builds):
     assert not removed, f"symbols removed from libc10_cuda.so: {sorted(removed)[:20]}"
     _need("abidiff")
     from build_tools.abi import only_grows_problems, run_abidiff
-    supp = REPO / "build_tools" / "c10_build" / "abi_suppressions.txt"
-    d = run_abidiff(old, new, extra_args=("--suppressions", str(supp)))
     # exit bit 4 alone is set by additions AND by a changed function, variable or type (a struct
-    # layout change), so the report decides: additions only, nothing removed or changed
+    # layout change), so the report decides: additions only, nothing removed or changed but std::
+    # template instances. (No suppression file: abi_suppressions.txt's std:: rules also hide a c10
+    # method whose class changed through a std:: member, see tests/test_abi_check.py.)
+    d = run_abidiff(old, new)
     problems = only_grows_problems(d)
     assert not problems, "\n".join(problems) + "\n" + d.report[-4000:]
 

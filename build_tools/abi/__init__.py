@@ -258,8 +258,7 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
                   types_old: Path | None = None, types_new: Path | None = None,
                   importers: dict[str, set] | None = None,
                   providers: dict[str, set] | None = None,
-                  system_provided: set | None = None,
-                  type_suppressions: Path | None = None) -> AbiReport:
+                  system_provided: set | None = None) -> AbiReport:
     """Decide whether `rebuilt` can replace `official` (policy in the module docstring).
 
     baseline: the UNPATCHED tree rebuilt with the same toolchain (stripped like `rebuilt`);
@@ -269,9 +268,6 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
     providers: {library name: symbols still available to it} (its NEEDED closure in the wheel,
       without the replaced library).
     system_provided: symbols the platform's libstdc++/libgcc guarantee (see overlay.platform).
-    type_suppressions: an abidiff suppression file for the type check (the overlay passes
-      build_tools/c10_build/abi_suppressions.txt: std:: template instances, vague linkage that every
-      consumer carries its own copy of, are not the library's ABI).
     """
     problems: list[str] = []
     tolerated: list[dict] = []
@@ -319,48 +315,96 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
         tolerated.append({"symbol": s, "why": why})
     types = None
     if types_old is not None and types_new is not None:
-        types = run_abidiff(types_old, types_new, extra_args=(
-            ("--suppressions", str(type_suppressions)) if type_suppressions else ()))
-        if types.tool_failed:
-            problems.append(f"type check abidiff failed (exit {types.exit_code}): {types.report[-2000:]}")
-        for kind in ("functions", "variables"):
-            c = types.__dict__[kind]
-            if c["removed"] or c["changed"]:
-                problems.append(f"type check (unpatched -> patched, with debug info): {c['removed']} {kind} "
-                                f"removed, {c['changed']} changed: " + "; ".join(types.changed[:5]))
-        removed_t = [s for s in types.removed_symbols if not is_toolchain_symbol(s)]
-        if removed_t:
-            problems.append("type check: patched build removes " + ", ".join(removed_t[:10]))
+        types = run_abidiff(types_old, types_new)
+        t_problems, t_tolerated = growth_problems(types)
+        problems += [f"type check (unpatched -> patched, with debug info): {p}" for p in t_problems]
+        tolerated += [dict(t, why="type check: " + t["why"]) for t in t_tolerated]
     return AbiReport(ok=not problems, problems=problems, tolerated=tolerated,
                      added=sorted(sym.added_symbols), symbols=sym.to_json(),
                      baseline=base.to_json() if base else None, types=types.to_json() if types else None)
 
 
-def only_grows_problems(d: Abidiff) -> list[str]:
-    """Why `d` (old -> new) is more than growth: [] when the new library only ADDS functions,
-    variables or symbols.  abidiff's exit status cannot say this alone: bit 4 (ABI_CHANGE) is set by
-    additions and by a changed function, variable or type alike (a struct layout change behind a
-    parameter sets only bit 4), so the report's counts decide: anything removed or changed fails,
-    as do bits 1, 2 (the tool failed) and 8 (incompatible change)."""
-    problems = []
+# std:: / __gnu_cxx template instances (vague linkage; also their guard variables, local statics)
+_STD_SYMBOL = re.compile(r"^_Z(Z|GV|GVZ|T[VIS])?N?K?(St|9__gnu_cxx)")
+
+
+def is_std_symbol(sym: str) -> bool:
+    return bool(_STD_SYMBOL.match(sym)) or is_toolchain_symbol(sym)
+
+
+def entry_name(entry: str) -> str:
+    """Qualified name of the function or variable of a report entry
+    (`[C] 'method void std::deque<long>::f(int)' has ...` -> `std::deque<long>::f`)."""
+    m = re.search(r"'(?:method|function|variable) (.*)'", entry)
+    sig = m.group(1) if m else entry
+    depth, i = 0, 0
+    for i, ch in enumerate(sig):               # the parameter list: the first '(' outside <...>
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            break
+    else:
+        i = len(sig)
+    head, depth, j = sig[:i], 0, i
+    while j > 0:                               # back to the space that starts the name
+        ch = head[j - 1]
+        if ch == ">":
+            depth += 1
+        elif ch == "<":
+            depth -= 1
+        elif ch in " *&" and depth == 0:
+            break
+        j -= 1
+    return head[j:]
+
+
+def is_std_entry(entry: str) -> bool:
+    return entry_name(entry).startswith(("std::", "__gnu_cxx::"))
+
+
+def growth_problems(d: Abidiff) -> tuple[list[str], list[dict]]:
+    """(problems, tolerated) of `d` (old -> new) where only growth is allowed: added functions,
+    variables and symbols pass; anything removed or changed fails, except std:: / __gnu_cxx template
+    instances (vague linkage: a compiler exports them or not, and every consumer carries its own
+    copy), which are tolerated and listed.  abidiff's exit status cannot decide this alone: bit 4
+    (ABI_CHANGE) is set by additions and by a changed function, variable or type alike (a struct
+    layout change behind a parameter sets only bit 4), so the report's counts and entries decide.
+    A count the parsed entries do not account for fails (nothing is waved through unread)."""
+    problems: list[str] = []
+    tolerated: list[dict] = []
     if d.tool_failed:
         problems.append(f"abidiff failed (exit {d.exit_code}: {', '.join(d.bits)}): {d.report[-1500:]}")
-    if d.exit_code & BIT_INCOMPATIBLE:
-        problems.append(f"abidiff reports an incompatible change (exit {d.exit_code}: {', '.join(d.bits)})")
-    for kind in ("functions", "variables"):
-        c = d.__dict__[kind]
-        if c["removed"] or c["changed"]:
-            problems.append(f"{c['removed']} {kind} removed, {c['changed']} changed: " + "; ".join(d.changed[:5]))
-    for kind in ("function_symbols", "variable_symbols"):
-        if d.__dict__[kind]["removed"]:
-            problems.append(f"{d.__dict__[kind]['removed']} {kind.replace('_', ' ')} removed: "
-                            + ", ".join(d.removed_symbols[:10]))
-    if d.exit_code & BIT_ABI_CHANGE and not problems and not (
-            any(d.__dict__[k]["added"] for k in ("functions", "variables", "function_symbols", "variable_symbols"))):
-        # bit 4 with nothing the parser recognised: a change it cannot read is not "growth"
+    n_changed = d.functions["changed"] + d.variables["changed"]
+    std_changed = [e for e in d.changed if is_std_entry(e)]
+    if n_changed > len(std_changed):
+        other = [e for e in d.changed if not is_std_entry(e)] or ["(entries not parsed)"]
+        problems.append(f"{n_changed - len(std_changed)} functions/variables changed: " + "; ".join(other[:5]))
+    n_removed = (d.functions["removed"] + d.variables["removed"] + d.function_symbols["removed"]
+                 + d.variable_symbols["removed"])
+    std_removed = [s for s in d.removed_symbols if is_std_symbol(s)]
+    if n_removed > len(std_removed):
+        other = [s for s in d.removed_symbols if not is_std_symbol(s)] or ["(entries not parsed)"]
+        problems.append(f"{n_removed - len(std_removed)} functions/variables/symbols removed: "
+                        + ", ".join(other[:10]))
+    tolerated += [{"symbol": entry_name(e), "why": "std:: template instance changed (vague linkage)"}
+                  for e in std_changed[:n_changed]]
+    tolerated += [{"symbol": s, "why": "std:: template instance removed (vague linkage)"}
+                  for s in std_removed[:n_removed]]
+    if d.exit_code & BIT_INCOMPATIBLE and not problems and not tolerated:
+        problems.append(f"abidiff reports an incompatible change (exit {d.exit_code}) the report does not show: "
+                        + d.report[-1500:])
+    grew = any(d.__dict__[k]["added"] for k in ("functions", "variables", "function_symbols", "variable_symbols"))
+    if d.exit_code & BIT_ABI_CHANGE and not problems and not tolerated and not grew:
         problems.append("abidiff reports an ABI change (bit 4) that is neither an addition nor parsed: "
                         + d.report[-1500:])
-    return problems
+    return problems, tolerated
+
+
+def only_grows_problems(d: Abidiff) -> list[str]:
+    """Why `d` is more than growth (:func:`growth_problems`); [] when it only grows."""
+    return growth_problems(d)[0]
 
 
 def write_report(report: AbiReport, path: Path) -> None:

@@ -32,8 +32,6 @@ from .wheels import DEFAULT_CACHE, fetch_wheel
 
 CACHE = REPO_ROOT / ".cache" / "overlay"
 WORK = REPO_ROOT / "build" / "overlay"
-# std:: template instances are not the library's ABI (the c10 build's ABI test uses the same file)
-ABI_SUPPRESSIONS = Path(__file__).resolve().parent.parent / "c10_build" / "abi_suppressions.txt"
 
 
 class OverlayError(LmsError):
@@ -329,8 +327,7 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
                 providers[cname] = prov
             rep = check_library(wt / member, ship[lib], baseline=work / "baseline" / f"lib{lib}.so",
                                 types_old=pristine[lib], types_new=patched[lib],
-                                importers=importers, providers=providers, system_provided=system,
-                                type_suppressions=ABI_SUPPRESSIONS)
+                                importers=importers, providers=providers, system_provided=system)
             abi[lib] = rep
             progress("  " + rep.summary().replace("\n", "\n  ") + f"  [lib{lib}.so]")
         t0 = mark("abi_check", t0)
