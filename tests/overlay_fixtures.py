@@ -172,6 +172,21 @@ if all(out["api"].values()):
     except Exception as e:  # reported, the test decides
         rt["error"] = f"{type(e).__name__}: {e}"
     out["stats_after"] = len(torch.cuda.memory_stats())
+    # Without a GPU memory_stats() returns {} before the LMS merge runs. Call it with the CUDA
+    # side stood in (initialized, a given raw dict) to see the patched memory.py merge the real
+    # libc10_cuda's lms.* statistics into it: the host limit just set must come back.
+    import torch.cuda.memory as _mem
+    _saved = (_mem.is_initialized, torch._C._cuda_memoryStats)
+    try:
+        _mem.is_initialized = lambda: True
+        torch._C._cuda_memoryStats = lambda d: {"allocated_bytes": {"all": {"current": 12345}}}
+        merged = torch.cuda.memory_stats(0)
+        out["merged_stats"] = {k: v for k, v in merged.items()
+                               if k.startswith("lms.") or k == "allocated_bytes.all.current"}
+    except Exception as e:
+        out["merged_stats"] = {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        _mem.is_initialized, torch._C._cuda_memoryStats = _saved
 out["roundtrip"] = rt
 print(json.dumps(out))
 """

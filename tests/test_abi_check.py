@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from build_tools.abi import (BIT_ABI_CHANGE, BIT_INCOMPATIBLE, check_library,
-                             is_toolchain_symbol, run_abidiff)
+from build_tools.abi import (BIT_ABI_CHANGE, BIT_ERROR, BIT_INCOMPATIBLE, BIT_USAGE_ERROR,
+                             check_library, is_toolchain_symbol, only_grows_problems, run_abidiff)
 from build_tools.tools import find_tool
 
 BASE_C = """
@@ -66,6 +66,48 @@ def test_struct_layout_change_fails(tmp_path):
     assert d.functions["changed"] == 1
     rep = check_library(v1, v2)
     assert not rep.ok and "changed" in rep.problems[0]
+    # the exit status alone does not show it: only bit 4 is set, as for additions, so a check that
+    # masks bits 1, 2 and 8 passes a layout change; only_grows_problems reads the report
+    assert d.exit_code & (BIT_ERROR | BIT_USAGE_ERROR | BIT_INCOMPATIBLE) == 0, d.exit_code
+    problems = only_grows_problems(d)
+    assert any("1 functions/variables changed" in p and "f(S*)" in p for p in problems), problems
+
+
+def test_only_grows_allows_additions_and_nothing_else(tmp_path):
+    """The rule of test_c10_cuda_abi_only_grows: added functions, variables and symbols pass;
+    a removed or changed function, a changed variable type or a tool failure fails."""
+    v1 = so(tmp_path, "v1", BASE_C + "long counter = 3;\n")
+    grown = so(tmp_path, "grown", BASE_C + "long counter = 3;\nint h(void) { return 2; }\nint extra = 1;\n")
+    assert only_grows_problems(run_abidiff(v1, grown)) == []
+    removed = so(tmp_path, "removed", BASE_C.replace("int g(void) { return 1; }", "") + "long counter = 3;\n")
+    assert any("1 functions/variables/symbols removed: g" in p for p in only_grows_problems(run_abidiff(v1, removed)))
+    var_type = so(tmp_path, "var_type", BASE_C + "int counter = 3;\n")
+    assert any("1 functions/variables changed" in p and "counter" in p
+               for p in only_grows_problems(run_abidiff(v1, var_type)))
+    bogus = tmp_path / "not-elf.so"
+    bogus.write_text("hello")
+    assert any("abidiff failed" in p for p in only_grows_problems(run_abidiff(v1, bogus)))
+
+
+def test_summary_with_suppressions_is_parsed():
+    """With --suppressions (test_c10_cuda_abi_only_grows) abidiff writes "(N filtered out)" after
+    a count; a changed function must still be counted there, not read as 0."""
+    from build_tools.abi import Abidiff, parse_report
+    report = ("Functions changes summary: 0 Removed (1 filtered out), 2 Changed (30 filtered out), "
+              "62 Added (13 filtered out) functions\n"
+              "Variables changes summary: 0 Removed, 0 Changed, 0 Added variable\n"
+              "Function symbols changes summary: 1 Removed (3 filtered out), 0 Added (3 filtered out) "
+              "function symbols not referenced by debug info\n"
+              "Variable symbols changes summary: 0 Removed, 4 Added (3 filtered out) variable symbols "
+              "not referenced by debug info\n")
+    p = parse_report(report)
+    assert p["functions"] == {"removed": 0, "changed": 2, "added": 62}
+    assert p["function_symbols"] == {"removed": 1, "added": 0}
+    assert p["variable_symbols"] == {"removed": 0, "added": 4}
+    d = Abidiff(old="a", new="b", exit_code=BIT_ABI_CHANGE, report=report, **p)
+    problems = only_grows_problems(d)
+    assert any("2 functions/variables changed: (entries not parsed)" in x for x in problems), problems
+    assert any("1 functions/variables/symbols removed" in x for x in problems), problems
 
 
 def test_cxx_class_layout_change_caught_by_type_check(tmp_path):
@@ -88,6 +130,41 @@ def test_cxx_class_layout_change_caught_by_type_check(tmp_path):
     rep = check_library(old_nodbg, new_nodbg, types_old=old_dbg, types_new=new_dbg)
     assert not rep.ok
     assert any("type check" in p for p in rep.problems), rep.problems
+    assert any("type check" in p and "1 functions/variables changed" in p and "Stats::total" in p
+               for p in rep.problems), rep.problems
+
+
+def test_layout_change_reached_through_a_std_container_fails(tmp_path):
+    """A c10 class whose member is a std::vector of a struct that grew: abidiff reports the c10
+    method as changed through std:: types (with the c10 build's std:: suppressions it reports
+    nothing at all). Only std:: instances themselves are tolerated, so this fails."""
+    src = """
+    #include <vector>
+    namespace c10 { struct Info { long a; int b; };
+    struct __attribute__((visibility("default"))) Registry {
+      std::vector<Info> launches; Registry(); long n() const; };
+    Registry::Registry() : launches(4) {}
+    long Registry::n() const { return (long)launches.size(); } }
+    """
+    old = so(tmp_path, "old", src, cxx=True)
+    new = so(tmp_path, "new", src.replace("long a; int b;", "long a; long extra; int b;"), cxx=True)
+    d = run_abidiff(old, new)
+    assert d.exit_code & (BIT_ERROR | BIT_USAGE_ERROR | BIT_INCOMPATIBLE) == 0, d.report
+    problems = only_grows_problems(d)
+    assert any("changed" in p and "c10::Registry" in p for p in problems), (problems, d.report)
+
+
+def test_std_entries_are_told_from_the_library_s_own():
+    from build_tools.abi import entry_name, is_std_entry
+    std = ("[C] 'method void std::_Deque_base<long int, std::allocator<long int> >::_M_initialize_map"
+           "(std::size_t)' has some indirect sub-type changes:")
+    own = "[C] 'method c10::cuda::CUDAKernelLaunchRegistry::CUDAKernelLaunchRegistry()' has some indirect sub-type changes:"
+    fn = "[C] 'function std::vector<int> c10::cuda::snapshot(const std::vector<int>&)' has some sub-type changes:"
+    assert entry_name(std) == "std::_Deque_base<long int, std::allocator<long int> >::_M_initialize_map"
+    assert is_std_entry(std)
+    assert entry_name(own) == "c10::cuda::CUDAKernelLaunchRegistry::CUDAKernelLaunchRegistry"
+    assert not is_std_entry(own)
+    assert entry_name(fn) == "c10::cuda::snapshot" and not is_std_entry(fn)
 
 
 def test_signature_change_fails(tmp_path):

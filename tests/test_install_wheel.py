@@ -34,7 +34,15 @@ def test_lms_api_present_and_roundtrips(probe, overlay_build):
     rt = probe["roundtrip"]
     assert "error" not in rt, rt["error"]
     assert rt and all(rt.values()), rt
-    assert probe["stats_after"] >= 0
+    # memory_stats() merges the lms.* statistics of the rebuilt libc10_cuda into the raw dict
+    m = probe["merged_stats"]
+    assert "error" not in m, m
+    assert m.get("allocated_bytes.all.current") == 12345, m      # the raw statistics are kept
+    for k in ("lms.swap_out_bytes", "lms.swap_in_bytes", "lms.host_bytes.current",
+              "lms.host_budget.limit"):
+        assert k in m, (k, sorted(m))
+    assert m["lms.host_budget.limit"] == 5 << 30, m           # set_host_mem_limit_lms above
+    assert m["lms.swap_out_bytes"] == 0 and m["lms.host_bytes.current"] == 0, m
 
 
 def test_pip_sees_the_installed_distribution(wheel_venv):

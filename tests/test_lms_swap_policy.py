@@ -918,6 +918,35 @@ def test_pool_reuses_its_hot_buffers_and_lets_the_rest_age_out(m):
         m.HostPool(limit=1, pin=False, keep_steps=0)
 
 
+def _pin_check():
+    sys.path.insert(0, str(REPO / "tests" / "conformance" / "lms_swap"))
+    import pin_check
+    return pin_check
+
+
+def test_pin_check_fails_on_a_pageable_pool(m, monkeypatch):
+    """The GPU suite's check that every host buffer of a CUDA swapper is pinned
+    (tests/conformance/lms_swap/pin_check.py): a pool of pageable memory (pin=False) fails
+    it at its first buffer, whole and in pieces; pinned buffers pass and are counted;
+    swappers of device_type "cpu" are not checked."""
+    pc = _pin_check()
+    pool = pc.check_pool(m.HostPool(limit=1 << 30, pin=False, chunk_bytes=4 * MiB))
+    with pytest.raises(AssertionError, match="not pinned"):
+        pool.alloc(1 * MiB)
+    with pytest.raises(AssertionError, match="not pinned"):
+        pool.alloc_pieces(6 * MiB)
+    assert pool.pin_checks == 0
+    ok = pc.check_pool(m.HostPool(limit=1 << 30, pin=False, chunk_bytes=4 * MiB), is_pinned=lambda t: True)
+    ok.alloc(1 * MiB)
+    ok.alloc_pieces(6 * MiB)
+    assert ok.pin_checks >= 3
+    pc.check_cuda_swappers(m, monkeypatch)
+    assert getattr(cpu_swapper(m).pool, "pin_checks", None) is None
+    cuda_sw = m.ActivationSwapper(device_type="cuda", pool=m.HostPool(limit=1 << 30, pin=False))
+    with pytest.raises(AssertionError, match="not pinned"):
+        cuda_sw.pool.alloc(1 * MiB)
+
+
 def test_pool_limit_counts_host_memory_held_elsewhere(m):
     held = {"n": 6 * MiB}
     pool = m.HostPool(limit=10 * MiB, pin=False, extra_fn=lambda: held["n"])
@@ -968,18 +997,26 @@ def _varied_steps(ctx):
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+def _varied_steps_swapper(m, policy):
+    if policy == "auto":   # limit and margin that put every step past auto's trigger
+        return _pressure_everywhere(m, prefetch_depth=2)
+    return cpu_swapper(m, policy=policy, prefetch_depth=2)
+
+
 @pytest.mark.parametrize("policy", ["always", "auto"])
 def test_steps_that_vary_train_bitwise_and_return_host_memory(m, policy):
-    sw = cpu_swapper(m, policy=policy, prefetch_depth=2)
+    sw = _varied_steps_swapper(m, policy)
     ref_losses, ref_params = _varied_steps(contextlib.nullcontext)
     losses, params = _varied_steps(lambda: sw)
+    s = sw.stats()
+    # the bitwise check below compares swapped runs with stock ones only if tensors did
+    # go to host memory and come back, in every policy
+    assert s["swap.out_count"] > 0 and s["swap.in_count"] > 0, {k: v for k, v in s.items() if k.startswith("swap.")}
     assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses))
     assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
     gc.collect()
     s = sw.stats()
     assert s.get("host.in_use_bytes", 0) == 0  # the eval graphs without backward too
-    if policy == "always":
-        assert s["swap.out_count"] > 0
 
 
 class _CountingNet:

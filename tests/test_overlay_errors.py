@@ -160,3 +160,21 @@ def test_abi_break_in_the_real_tree_is_refused(scratch_tree, tmp_path):
         build_overlay(TAG, scratch_tree, dist, work_dir=tmp_path / "work")
     assert "_ZN3c104cuda21get_cuda_check_suffixEv" in str(e.value)
     assert not dist.exists() or not any(dist.iterdir())
+
+
+def test_struct_layout_change_in_the_real_tree_is_refused(scratch_tree, tmp_path):
+    """A member added in the middle of an exported c10/cuda struct (CUDAKernelLaunchInfo, returned
+    by CUDAKernelLaunchRegistry::snapshot()) removes no symbol: abidiff sets only its "changed"
+    bit (4), and reports the functions whose types changed. The type check refuses it."""
+    hdr = scratch_tree / "c10/cuda/CUDADeviceAssertionHost.h"
+    text = hdr.read_text()
+    anchor = "  /// Device the kernel was launched on\n  int device;\n"
+    assert anchor in text
+    hdr.write_text(text.replace(anchor, anchor + "  uint64_t lms_test_member;\n"))
+    dist = tmp_path / "dist"
+    from build_tools.abi import AbiError
+    with pytest.raises(AbiError) as e:
+        build_overlay(TAG, scratch_tree, dist, work_dir=tmp_path / "work")
+    msg = str(e.value)
+    assert "type check" in msg and "changed" in msg and "CUDAKernelLaunch" in msg, msg
+    assert not dist.exists() or not any(dist.iterdir())

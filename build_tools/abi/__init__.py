@@ -47,11 +47,13 @@ BIT_USAGE_ERROR = 2
 BIT_ABI_CHANGE = 4
 BIT_INCOMPATIBLE = 8
 
+# with --suppressions abidiff writes "0 Removed (1 filtered out), 0 Changed (30 filtered out), ..."
+_FILTERED = r"(?: \((\d+) filtered(?: out)?\))?"
 _SUMMARY = re.compile(
-    r"^(Functions|Variables) changes summary: (\d+) Removed(?: \((\d+) filtered\))?, "
-    r"(\d+) Changed(?: \((\d+) filtered\))?, (\d+) Added", re.M)
+    r"^(Functions|Variables) changes summary: (\d+) Removed" + _FILTERED + ", "
+    r"(\d+) Changed" + _FILTERED + r", (\d+) Added", re.M)
 _SYM_SUMMARY = re.compile(
-    r"^(Function|Variable) symbols changes summary: (\d+) Removed, (\d+) Added", re.M)
+    r"^(Function|Variable) symbols changes summary: (\d+) Removed" + _FILTERED + r", (\d+) Added", re.M)
 _LIST_HEADER = re.compile(
     r"^(\d+) (Removed|Added|Changed) (function|variable)( symbol)?s?( not referenced by debug info)?:$")
 
@@ -139,7 +141,7 @@ def parse_report(report: str) -> dict:
         out[key] = {"removed": int(m.group(2)), "changed": int(m.group(4)), "added": int(m.group(6))}
     for m in _SYM_SUMMARY.finditer(report):
         key = "function_symbols" if m.group(1) == "Function" else "variable_symbols"
-        out[key] = {"removed": int(m.group(2)), "added": int(m.group(3))}
+        out[key] = {"removed": int(m.group(2)), "added": int(m.group(4))}
     section = None
     for line in report.splitlines():
         h = _LIST_HEADER.match(line.strip())
@@ -314,19 +316,95 @@ def check_library(official: Path, rebuilt: Path, *, baseline: Path | None = None
     types = None
     if types_old is not None and types_new is not None:
         types = run_abidiff(types_old, types_new)
-        if types.tool_failed:
-            problems.append(f"type check abidiff failed (exit {types.exit_code}): {types.report[-2000:]}")
-        for kind in ("functions", "variables"):
-            c = types.__dict__[kind]
-            if c["removed"] or c["changed"]:
-                problems.append(f"type check (unpatched -> patched, with debug info): {c['removed']} {kind} "
-                                f"removed, {c['changed']} changed: " + "; ".join(types.changed[:5]))
-        removed_t = [s for s in types.removed_symbols if not is_toolchain_symbol(s)]
-        if removed_t:
-            problems.append("type check: patched build removes " + ", ".join(removed_t[:10]))
+        t_problems, t_tolerated = growth_problems(types)
+        problems += [f"type check (unpatched -> patched, with debug info): {p}" for p in t_problems]
+        tolerated += [dict(t, why="type check: " + t["why"]) for t in t_tolerated]
     return AbiReport(ok=not problems, problems=problems, tolerated=tolerated,
                      added=sorted(sym.added_symbols), symbols=sym.to_json(),
                      baseline=base.to_json() if base else None, types=types.to_json() if types else None)
+
+
+# std:: / __gnu_cxx template instances (vague linkage; also their guard variables, local statics)
+_STD_SYMBOL = re.compile(r"^_Z(Z|GV|GVZ|T[VIS])?N?K?(St|9__gnu_cxx)")
+
+
+def is_std_symbol(sym: str) -> bool:
+    return bool(_STD_SYMBOL.match(sym)) or is_toolchain_symbol(sym)
+
+
+def entry_name(entry: str) -> str:
+    """Qualified name of the function or variable of a report entry
+    (`[C] 'method void std::deque<long>::f(int)' has ...` -> `std::deque<long>::f`)."""
+    m = re.search(r"'(?:method|function|variable) (.*)'", entry)
+    sig = m.group(1) if m else entry
+    depth, i = 0, 0
+    for i, ch in enumerate(sig):               # the parameter list: the first '(' outside <...>
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            break
+    else:
+        i = len(sig)
+    head, depth, j = sig[:i], 0, i
+    while j > 0:                               # back to the space that starts the name
+        ch = head[j - 1]
+        if ch == ">":
+            depth += 1
+        elif ch == "<":
+            depth -= 1
+        elif ch in " *&" and depth == 0:
+            break
+        j -= 1
+    return head[j:]
+
+
+def is_std_entry(entry: str) -> bool:
+    return entry_name(entry).startswith(("std::", "__gnu_cxx::"))
+
+
+def growth_problems(d: Abidiff) -> tuple[list[str], list[dict]]:
+    """(problems, tolerated) of `d` (old -> new) where only growth is allowed: added functions,
+    variables and symbols pass; anything removed or changed fails, except std:: / __gnu_cxx template
+    instances (vague linkage: a compiler exports them or not, and every consumer carries its own
+    copy), which are tolerated and listed.  abidiff's exit status cannot decide this alone: bit 4
+    (ABI_CHANGE) is set by additions and by a changed function, variable or type alike (a struct
+    layout change behind a parameter sets only bit 4), so the report's counts and entries decide.
+    A count the parsed entries do not account for fails (nothing is waved through unread)."""
+    problems: list[str] = []
+    tolerated: list[dict] = []
+    if d.tool_failed:
+        problems.append(f"abidiff failed (exit {d.exit_code}: {', '.join(d.bits)}): {d.report[-1500:]}")
+    n_changed = d.functions["changed"] + d.variables["changed"]
+    std_changed = [e for e in d.changed if is_std_entry(e)]
+    if n_changed > len(std_changed):
+        other = [e for e in d.changed if not is_std_entry(e)] or ["(entries not parsed)"]
+        problems.append(f"{n_changed - len(std_changed)} functions/variables changed: " + "; ".join(other[:5]))
+    n_removed = (d.functions["removed"] + d.variables["removed"] + d.function_symbols["removed"]
+                 + d.variable_symbols["removed"])
+    std_removed = [s for s in d.removed_symbols if is_std_symbol(s)]
+    if n_removed > len(std_removed):
+        other = [s for s in d.removed_symbols if not is_std_symbol(s)] or ["(entries not parsed)"]
+        problems.append(f"{n_removed - len(std_removed)} functions/variables/symbols removed: "
+                        + ", ".join(other[:10]))
+    tolerated += [{"symbol": entry_name(e), "why": "std:: template instance changed (vague linkage)"}
+                  for e in std_changed[:n_changed]]
+    tolerated += [{"symbol": s, "why": "std:: template instance removed (vague linkage)"}
+                  for s in std_removed[:n_removed]]
+    if d.exit_code & BIT_INCOMPATIBLE and not problems and not tolerated:
+        problems.append(f"abidiff reports an incompatible change (exit {d.exit_code}) the report does not show: "
+                        + d.report[-1500:])
+    grew = any(d.__dict__[k]["added"] for k in ("functions", "variables", "function_symbols", "variable_symbols"))
+    if d.exit_code & BIT_ABI_CHANGE and not problems and not tolerated and not grew:
+        problems.append("abidiff reports an ABI change (bit 4) that is neither an addition nor parsed: "
+                        + d.report[-1500:])
+    return problems, tolerated
+
+
+def only_grows_problems(d: Abidiff) -> list[str]:
+    """Why `d` is more than growth (:func:`growth_problems`); [] when it only grows."""
+    return growth_problems(d)[0]
 
 
 def write_report(report: AbiReport, path: Path) -> None:

@@ -50,3 +50,14 @@ def cuda_clean():
     yield
     gc.collect()
     torch.cuda.synchronize()
+
+
+@pytest.fixture(autouse=True)
+def pinned_host_buffers(request, monkeypatch):
+    """Every host buffer a CUDA swapper's pool hands out must be pinned (pin_check.py): a pool
+    that fell back to pageable memory fails the test at its first swap."""
+    if "lms_swap" not in request.fixturenames:
+        return
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from pin_check import check_cuda_swappers
+    check_cuda_swappers(request.getfixturevalue("lms_swap"), monkeypatch)

@@ -378,6 +378,23 @@ def test_host_pool_holds_what_was_in_use_and_is_reused(lms_swap, cuda_clean):
     sw.empty_cache()
 
 
+def test_every_host_buffer_is_pinned_and_a_pageable_pool_fails(lms_swap, cuda_clean):
+    """The conftest checks every buffer a CUDA swapper's pool hands out (pin_check.py); here
+    that the check ran on every swap and that a pool forced to pageable memory fails it."""
+    x, y = _batch()
+    sw = _swapper(lms_swap, policy="always")
+    _step(_net(), x, y, lambda: sw, steps=1)
+    s = sw.stats()
+    assert s["swap.out_count"] > 0
+    assert sw.pool.pin_checks >= s["swap.out_count"], (sw.pool.pin_checks, s["swap.out_count"])
+    assert sw.pool._chunks and all(c.buf.is_pinned() for c in sw.pool._chunks.values())
+    pageable = lms_swap.HostPool(limit=1 << 30, pin=False)
+    sw2 = _swapper(lms_swap, policy="always", pool=pageable)
+    with pytest.raises(AssertionError, match="not pinned"):
+        _step(_net(), x, y, lambda: sw2, steps=1)
+    gc.collect()
+
+
 def test_backward_in_another_thread(lms_swap, cuda_clean):
     x, y = _batch()
 

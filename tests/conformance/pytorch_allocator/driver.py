@@ -41,6 +41,7 @@ class Lib:
         p.probe_device_free.restype = U64
         p.probe_pcie_gbps.restype = D
         p.probe_pcie_gbps.argtypes = [U64, I]
+        p.probe_location_types.argtypes = [U64, U64, U64, ctypes.POINTER(U64)]
         self.has_lms = hasattr(self.cuda, "c10_lms_stats")
         if self.has_lms:
             self.cuda.c10_lms_stats.restype = U64
@@ -363,6 +364,70 @@ def sc_stats(L):
     end = L.lms()
     return dict(start=s_start, mid=mid, after_free=after_free, after_reset=after_reset, end=end,
                 n_allocs=12, mismatches=bad, upstream=L.stats())
+
+
+def sc_memory_stats(L, tree):
+    """The patched tree's torch.cuda.memory_stats() (its memory.py and lms.py, see
+    patched_memory_stats.py) over this allocator: lms.* keys before, during and after a spill."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTORCH_LMS_LIBC10_CUDA"] = L.cuda._name   # the library loaded here
+    import patched_memory_stats
+
+    def raw(device):
+        u = L.stats()
+        return {"allocated_bytes": {"all": {"current": u["allocated"], "peak": u["allocated_peak"]}},
+                "reserved_bytes": {"all": {"current": u["reserved"], "peak": u["reserved_peak"]}},
+                "num_ooms": u["num_ooms"]}
+
+    memory_stats = patched_memory_stats.load(tree, raw)
+    keep = lambda d: {k: v for k, v in d.items() if k.startswith("lms.") or k.endswith("_bytes.all.current")}  # noqa: E731
+    L.settings("lms:True,lms_limit_mb:2048")
+    start = keep(memory_stats(0))
+    ptrs = []
+    for i in range(12):                      # 12 x 256 MiB = 3 GiB under a 2 GiB limit
+        p, _, m = L.alloc(256 * MiB)
+        assert p, m
+        L.fill(p, 256 * MiB, i + 21)
+        ptrs.append(p)
+    spilled, spilled_raw = keep(memory_stats(0)), L.lms()
+    bad = sum(L.check(p, 256 * MiB, i + 21) for i, p in enumerate(ptrs))
+    for p in ptrs:
+        L.free(p)
+    L.p.probe_empty_cache()
+    freed = keep(memory_stats(0))
+    sys.modules["_lms_tree_torch_cuda.lms"]._reset_peak_stats(0)   # what reset_peak_memory_stats calls
+    after_reset = keep(memory_stats(0))
+    return dict(start=start, spilled=spilled, spilled_raw=spilled_raw, freed=freed,
+                after_reset=after_reset, mismatches=bad, n_bytes=12 * 256 * MiB)
+
+
+LOCATIONS = ("device", "host", "host_numa", "host_numa_current", "other", "not_vmm")
+
+
+def sc_host_pages(L, step_mb="2"):
+    """What backs spilled data: with 3 GiB allocated under a 2 GiB limit, the location type of
+    the VMM allocation mapped at every 2 MiB of the blocks (driver API, probe_location_types).
+    Spilled pages must be host (NUMA) allocations, pinned by construction, never pageable."""
+    L.settings("lms:True,lms_limit_mb:2048")
+    blk, step = 256 * MiB, int(step_mb) * MiB
+    ptrs = []
+    for i in range(12):
+        p, _, m = L.alloc(blk)
+        assert p, m
+        L.fill(p, blk, i + 31)
+        ptrs.append(p)
+    lms = L.lms()
+    counts = (ctypes.c_ulonglong * 6)()
+    total = dict.fromkeys(LOCATIONS, 0)
+    for p in ptrs:
+        if L.p.probe_location_types(p, blk, step, counts) != 0:
+            raise RuntimeError(L.p.probe_error().decode())
+        for k, v in zip(LOCATIONS, counts):
+            total[k] += v * step
+    bad = sum(L.check(p, blk, i + 31) for i, p in enumerate(ptrs))
+    for p in ptrs:
+        L.free(p)
+    return dict(bytes_by_location=total, lms=lms, mismatches=bad, n_bytes=12 * blk)
 
 
 def sc_hostlimit(L):

@@ -5,7 +5,9 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <atomic>
 #include <chrono>
@@ -213,6 +215,41 @@ long long probe_foreign_stop() {
   if (g_foreign.joinable()) g_foreign.join();
   int e = g_foreign_error.load();
   return e ? -(long long)e : g_foreign_passes.load();
+}
+
+// What backs each `step` bytes of [ptr, ptr + bytes): the location type of the physical
+// allocation (VMM handle) mapped there, from cuMemRetainAllocationHandle +
+// cuMemGetAllocationPropertiesFromHandle (driver API, looked up with dlsym: the probe links only
+// the runtime). counts[0]: device, [1]: host, [2]: host NUMA, [3]: host NUMA current,
+// [4]: anything else, [5]: no VMM allocation there (not mapped through VMM: cudaMalloc'd,
+// pageable or unmapped). Returns 0, or -1 with probe_error() set.
+int probe_location_types(unsigned long long ptr, unsigned long long bytes, unsigned long long step,
+                         unsigned long long* counts) {
+  using Retain = CUresult (*)(CUmemGenericAllocationHandle*, void*);
+  using Props = CUresult (*)(CUmemAllocationProp*, CUmemGenericAllocationHandle);
+  using Release = CUresult (*)(CUmemGenericAllocationHandle);
+  static void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) { g_err = "dlopen libcuda.so.1 failed"; return -1; }
+  auto retain = reinterpret_cast<Retain>(dlsym(lib, "cuMemRetainAllocationHandle"));
+  auto props = reinterpret_cast<Props>(dlsym(lib, "cuMemGetAllocationPropertiesFromHandle"));
+  auto release = reinterpret_cast<Release>(dlsym(lib, "cuMemRelease"));
+  if (!retain || !props || !release) { g_err = "driver VMM entry points not found"; return -1; }
+  if (cudaDeviceSynchronize() != cudaSuccess) { g_err = "cudaDeviceSynchronize failed"; return -1; }
+  for (int i = 0; i < 6; ++i) counts[i] = 0;
+  for (unsigned long long a = ptr; a < ptr + bytes; a += step) {
+    CUmemGenericAllocationHandle h;
+    if (retain(&h, reinterpret_cast<void*>(a)) != CUDA_SUCCESS) { counts[5]++; continue; }
+    CUmemAllocationProp prop;
+    std::memset(&prop, 0, sizeof(prop));
+    CUresult r = props(&prop, h);
+    release(h);
+    if (r != CUDA_SUCCESS) { g_err = "cuMemGetAllocationPropertiesFromHandle failed"; return -1; }
+    // CU_MEM_LOCATION_TYPE_DEVICE 1, _HOST 2, _HOST_NUMA 3, _HOST_NUMA_CURRENT 4 (CUDA 12.2+)
+    int t = static_cast<int>(prop.location.type);
+    counts[(t >= 1 && t <= 4) ? t - 1 : 4]++;
+  }
+  return 0;
 }
 
 int probe_empty_cache() {
