@@ -33,8 +33,8 @@ FACTS_D2H_GBPS, FACTS_H2D_GBPS = 54.0, 53.0   # /work/shared/FACTS.md, pinned co
 SUMMARY: dict = {}
 MIB = 1 << 20
 # Floors of test_bandwidth, fractions of a pinned copy measured in the same test (8 GiB moved,
-# three rounds). Recorded on the H100 (examples/pytorch/benchmarks/results/h100-run149, -run160,
-# -run169): 64 MiB pages warm spill 0.84-0.89 (0.97 against a low reference), first spill with host
+# three rounds). Recorded on the H100 (examples/pytorch/benchmarks/records/allocator.jsonl, runs 149, 160,
+# 169): 64 MiB pages warm spill 0.84-0.89 (0.97 against a low reference), first spill with host
 # pages made ahead 0.73-0.90, return 0.86-0.98; 20 MiB pages (v1.13.1, and v2.6.0 with
 # lms_page_mb:20) warm 0.60-0.72, first made ahead 0.59-0.69, return 0.83-0.99. Run 165, whose
 # every spill was slow (0.45-0.67; remaps, not copies), is below these floors.
