@@ -6,11 +6,24 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-import git
+from typing import TYPE_CHECKING
 
 from . import PATCH_AUTHOR_EMAIL, PATCH_AUTHOR_NAME
 from .errors import LmsError
+
+if TYPE_CHECKING:
+    import git
+
+
+def _git():
+    """GitPython, imported when git is first needed, so that `--help` and the commands
+    that need no git run without it."""
+    try:
+        import git
+    except ImportError as e:
+        raise LmsError(f"GitPython is not installed ({e}): run `make setup`, or "
+                       f"`pip install GitPython`") from e
+    return git
 
 # Git configuration of the person running the tools must not change what the factory writes
 # (format.signature, diff.noprefix, core.abbrev, ...), so factory commands run with none of it.
@@ -47,7 +60,7 @@ def run(where: Path | str, *args: str, env: dict | None = None, isolated: bool =
         full_env.update(ISOLATED)
     if env:
         full_env.update(env)
-    g = git.Git(str(where))
+    g = _git().Git(str(where))
     status, out, err = g.execute(
         ["git", *args], with_extended_output=True, with_exceptions=False, env=full_env,
         stdout_as_string=not binary, istream=_stdin_stream(stdin), strip_newline_in_stdout=False,
@@ -71,14 +84,14 @@ def _stdin_stream(data: bytes | None):
 def init_bare(path: Path) -> git.Repo:
     path.parent.mkdir(parents=True, exist_ok=True)
     if (path / "HEAD").exists():
-        return git.Repo(path)
+        return _git().Repo(path)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
-    repo = git.Repo.init(tmp, bare=True)
+    repo = _git().Repo.init(tmp, bare=True)
     with repo.config_writer() as cw:
         cw.set_value("core", "autocrlf", "false")
         cw.set_value("gc", "auto", "0")
     os.replace(tmp, path)  # appears whole or not at all
-    return git.Repo(path)
+    return _git().Repo(path)
 
 
 def has_ref(repo_path: Path, ref: str) -> bool:
