@@ -38,10 +38,13 @@ def _has_cuda_gpu() -> bool:
     return r.returncode == 0 and "GPU" in r.stdout
 
 
+NO_GPU = "no CUDA GPU on this machine (gpu tests run with `make conformance` on a GPU runner)"
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_cuda_gpu():
         return
-    skip = pytest.mark.skip(reason="no CUDA GPU on this machine (gpu tests run with `make conformance` on a GPU runner)")
+    skip = pytest.mark.skip(reason=NO_GPU)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
@@ -114,11 +117,17 @@ def lms_tree(upstream_repo, tmp_path_factory):
 _results: list[dict] = []
 
 
-def pytest_runtest_logreport(report):
+def _record_result(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        _results.append({"test": report.nodeid, "outcome": report.outcome,
-                         "seconds": round(report.duration, 3),
+        xfail = hasattr(report, "wasxfail")
+        _results.append({"test": report.nodeid, "outcome": ("xfailed" if report.skipped else "xpassed") if xfail
+                         else report.outcome, "seconds": round(report.duration, 3),
+                         "reason": skip_reason(report) if report.skipped and not xfail else "",
                          "detail": str(report.longrepr)[-2000:] if report.outcome != "passed" else ""})
+
+
+def pytest_runtest_logreport(report):
+    _record_result(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -134,5 +143,90 @@ def pytest_sessionfinish(session, exitstatus):
     for r in _results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    skips: dict = {}
+    for r in _results:
+        if r["outcome"] == "skipped":
+            kind = skip_kind(r["reason"]) or r["reason"]
+            skips[kind] = skips.get(kind, 0) + 1
     Path(path).write_text(json.dumps({"host": platform.node(), "gpu": gpu, "exit_status": int(exitstatus),
-                                      "counts": counts, "tests": _results}, indent=2))
+                                      "counts": counts, "skips_by_reason": skips, "tests": _results}, indent=2))
+
+
+# ---- skips: which are allowed, and how many of each ---------------------------------------------------
+# Two kinds of skip are expected: `gpu` (a GPU test on a machine without one) and `no-wheel` (a test of a
+# framework release with no official wheel for any Python the machine has: tests/wheel_pythons.py).
+# `tag` covers the per-tag limits the conformance suite documents (tests/conformance/*/README.md).
+# Every other skip hides a broken setup: with --no-unexpected-skips, or under `make conformance`
+# (LMS_CONFORMANCE_REPORT), it is turned into a failure. The terminal summary counts skips per kind.
+import re  # noqa: E402
+
+from tests import gpu_requirements  # noqa: E402
+from tests.wheel_pythons import NO_WHEEL_PATTERN  # noqa: E402
+
+ALLOWED_SKIPS = [
+    ("gpu", re.compile(re.escape(NO_GPU) + "$|needs two CUDA GPUs$")),
+    ("no-wheel", re.compile(NO_WHEEL_PATTERN)),
+    ("tag", re.compile(r"this tag's allocator has no trace trackers|this tag has no expandable segments without LMS")),
+]
+
+
+def skip_reason(report) -> str:
+    lr = report.longrepr
+    msg = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return msg[len("Skipped: "):] if msg.startswith("Skipped: ") else msg
+
+
+def skip_kind(reason: str) -> str | None:
+    """The allowed kind of a skip reason ("gpu", "no-wheel", "tag"), or None."""
+    return next((kind for kind, rx in ALLOWED_SKIPS if rx.search(reason)), None)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--no-unexpected-skips", action="store_true", default=False,
+                     help="a skip whose reason is not an allowed one (gpu, no-wheel, tag) is a failure "
+                          "(on by default when LMS_CONFORMANCE_REPORT is set: `make conformance`)")
+
+
+def _strict_skips(config) -> bool:
+    return bool(config.getoption("--no-unexpected-skips") or os.environ.get("LMS_CONFORMANCE_REPORT"))
+
+
+def _selects_gpu_only(markexpr: str) -> bool:
+    """True where -m's expression keeps a test marked `gpu` alone but drops an unmarked one."""
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+        expr = Expression.compile(markexpr)
+        return expr.evaluate(lambda name: name == "gpu") and not expr.evaluate(lambda name: False)
+    except Exception:  # pragma: no cover - another pytest's private API
+        return markexpr.strip() == "gpu"
+
+
+def pytest_configure(config):
+    gpu_requirements.GPU_RUN = _selects_gpu_only(config.option.markexpr) or bool(os.environ.get("LMS_CONFORMANCE_REPORT"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and _strict_skips(item.config):
+        reason = skip_reason(report)
+        if skip_kind(reason) is None:
+            report.outcome = "failed"
+            report.longrepr = f"unexpected skip (allowed: {', '.join(k for k, _ in ALLOWED_SKIPS)}): {reason}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts: dict = {}
+    for rep in skipped:
+        reason = skip_reason(rep)
+        kind = skip_kind(reason) or f"other: {reason}"
+        counts[kind] = counts.get(kind, 0) + 1
+    terminalreporter.write_sep("=", "skips by reason")
+    terminalreporter.write_line("skips: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items(),
+                                                                                    key=lambda kv: (-kv[1], kv[0]))))

@@ -69,12 +69,14 @@ def _scratch() -> Path:
 SYSTEM_PATH = "/usr/bin:/bin"
 
 
-def build_overlay_wheel(tag: str, tree: Path, timing: str):
+def build_overlay_wheel(tag: str, tree: Path, timing: str, python: str | None = None):
     """(wheel, report dict, log) of `python -m build_tools.overlay <tag> <tree>` into a scratch dist/,
-    run in a child process whose PATH is SYSTEM_PATH."""
+    run in a child process whose PATH is SYSTEM_PATH; ``python``: the interpreter the wheel is for
+    (default: this one)."""
     dist = _scratch() / "dist"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "build_tools.overlay", tag, str(tree), "--dist", str(dist)],
+    proc = subprocess.run([sys.executable, "-m", "build_tools.overlay", tag, str(tree), "--dist", str(dist),
+                           *(["--python", python] if python else [])],
                           cwd=REPO, env={**os.environ, "PATH": SYSTEM_PATH},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _record(timing, time.monotonic() - t0)
@@ -109,8 +111,8 @@ def wheel_requirements(wheel: Path) -> list[str]:
     return [r.strip() for r in re.findall(r"^Requires-Dist: (.+)$", text, re.M) if "extra ==" not in r]
 
 
-def _venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+def _venv(path: Path, python: str | None = None) -> Path:
+    subprocess.run([python or sys.executable, "-m", "venv", str(path)], check=True)
     return path / "bin" / "python"
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # a test dependency (pyproject.toml): missing, the module fails, it does not skip
 nn = torch.nn
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -1035,6 +1035,9 @@ def test_eviction_net_build_names_missing_cuda_headers(m, monkeypatch, tmp_path)
     crt/ headers it includes: the build says what to install instead of a compiler error."""
     (tmp_path / "cuda_runtime_api.h").write_text("/* runtime wheel */\n")
     monkeypatch.setattr(m.guard, "_cuda_include_dirs", lambda: [str(tmp_path)])
+    # the message names the wheel of the installed torch's CUDA: set here, so that it is the same
+    # with a CPU torch (bookworm's local wheel) and a CUDA 12 or 13 one (PyPI's on Python 3.13)
+    monkeypatch.setattr(m.torch.version, "cuda", "12.4")
     with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-nvcc-cu12"):
         m.build_guard()
     monkeypatch.setattr(m.torch.version, "cuda", "13.0")

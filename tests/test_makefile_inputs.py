@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
 
 def make(*args, cwd=ROOT, env_extra=None, makefile=None):

@@ -19,6 +19,7 @@ import pytest
 
 from tests.overlay_fixtures import (DEPS_CACHE, PROBE, _record, _scratch, _venv, build_overlay_wheel, run_py,
                                     wheel_requirements)
+from tests.wheel_pythons import python_for
 
 REPO = Path(__file__).resolve().parent.parent
 TAG = "v1.13.1"
@@ -26,21 +27,31 @@ _memo: dict = {}
 
 
 @pytest.fixture(scope="module")
-def build113(lms_tree):
-    """(wheel, report dict, build log) of `python -m build_tools.overlay v1.13.1 <tree>`."""
+def python113():
+    """An interpreter torch 1.13.1 has a wheel for (3.10, 3.11): this one, else one on PATH; the
+    tests skip with "no torch 1.13.1 wheel for Python 3.x" where the machine has none."""
+    return python_for("torch", "1.13.1")
+
+
+@pytest.fixture(scope="module")
+def build113(lms_tree, python113):
+    """(wheel, report dict, build log) of `python -m build_tools.overlay v1.13.1 <tree> --python ...`."""
     if "build" not in _memo:
-        _memo["build"] = build_overlay_wheel(TAG, lms_tree("pytorch", TAG), "overlay_build_v1.13.1_s")
+        _memo["build"] = build_overlay_wheel(TAG, lms_tree("pytorch", TAG), "overlay_build_v1.13.1_s",
+                                             python=None if python113 == sys.executable else python113)
     return _memo["build"]
 
 
 @pytest.fixture(scope="module")
-def venv113(build113):
+def venv113(build113, python113):
     wheel = build113[0]
     DEPS_CACHE.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    pyver = subprocess.run([python113, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(DEPS_CACHE),
-                    *wheel_requirements(wheel)], check=True)
-    py = _venv(_scratch() / "venv113")
+                    "--python-version", pyver, *wheel_requirements(wheel)], check=True)
+    py = _venv(_scratch() / "venv113", python113)
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(DEPS_CACHE),
                     str(wheel)], check=True)
     _record("pip_install_v1.13.1_s", time.monotonic() - t0)

@@ -31,6 +31,7 @@ import pytest
 from build_tools import tf_allocator_build as tab
 from build_tools.tools import find_tool
 from build_tools.tf_allocator_build import LMS_TESTS, WRITERS_TEST as WRITERS, python_overlay
+from tests.wheel_pythons import python_for
 
 REPO = Path(__file__).resolve().parent.parent
 TAG = "v2.14.1"
@@ -173,7 +174,7 @@ CHECK = textwrap.dedent("""
 def test_python_api_on_stock_tensorflow(tree, tmp_path):
     """config.py/context.py of the LMS tree + config_pb2 regenerated from its
     config.proto, imported into stock tensorflow-cpu 2.14.1."""
-    py = python_overlay.ensure_tf_python()
+    py = python_overlay.ensure_tf_python(python=python_for("tensorflow-cpu", "2.14.1"))
     site = python_overlay.make_overlay(tree, tmp_path / "overlay", py)
     r = subprocess.run([str(py), "-c", f"OVERLAY = {str(site)!r}\n" + CHECK],
                        env={**os.environ, "PYTHONPATH": str(site), "TF_CPP_MIN_LOG_LEVEL": "2"},

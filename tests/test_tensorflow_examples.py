@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from build_tools.tf_allocator_build import python_overlay
+from tests.wheel_pythons import python_for
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "tensorflow"
@@ -24,7 +25,7 @@ NOT_LMS = "is not a Large Model Support build"
 
 @pytest.fixture(scope="module")
 def tf_python():
-    return python_overlay.ensure_tf_python()
+    return python_overlay.ensure_tf_python(python=python_for("tensorflow-cpu", "2.14.1"))
 
 
 def _run(py, *args, timeout=600, onednn="0"):

@@ -218,3 +218,26 @@ def test_cli_help():
     r = subprocess.run([sys.executable, "-m", "build_tools.tf_wiring_check", "--help"], cwd=REPO,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0 and "--tree" in r.stdout and "GPU wheel" in r.stdout
+
+
+def test_python_symbols_come_from_the_headers_python(tmp_path):
+    """The pybind objects are compiled against the wheel's own Python headers (3.11.1 for TF
+    2.14.1): their Python symbols resolve against the running interpreter only where it is that
+    version, else against the C API those headers declare, never against a newer Python's."""
+    from build_tools.tf_wiring_check import symbols
+    running = "%d.%d" % sys.version_info[:2]
+    inc = tmp_path / "python_include"
+    (inc / "cpython").mkdir(parents=True)
+    (inc / "cpython" / "pystate.h").write_text(
+        "PyAPI_FUNC(PyThreadState *) _PyThreadState_UncheckedGet(void);\n"
+        "PyAPI_DATA(PyTypeObject) PyLong_Type;\nPyAPI_DATA(int) (*PyOS_InputHook)(void);\n"
+        "Py_DEPRECATED(3.0) PyAPI_FUNC(int) PyOld(const char *(*f)(int), int);\n")
+    (inc / "patchlevel.h").write_text("#define PY_MAJOR_VERSION 3\n#define PY_MINOR_VERSION 99\n")
+    assert symbols.header_python_version(inc) == "3.99"
+    (provider, names), = symbols.python_symbols(inc).items()
+    assert "3.99" in provider
+    assert names == {"_PyThreadState_UncheckedGet", "PyLong_Type", "PyOS_InputHook", "PyOld"}
+    major, minor = running.split(".")
+    (inc / "patchlevel.h").write_text(f"#define PY_MAJOR_VERSION {major}\n#define PY_MINOR_VERSION {minor}\n")
+    got = symbols.python_symbols(inc)
+    assert any(k.startswith("python (") for k in got) and any("Py_Initialize" in v for v in got.values())

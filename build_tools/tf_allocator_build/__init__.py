@@ -95,11 +95,11 @@ def lms_sources(tag: str = TAG) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------
 # The wheel.
-def wheel_file(cache: Path) -> Path:
-    """The tensorflow-cpu wheel for WHEEL_PY in ``cache`` (downloaded once with pip, whatever Python
-    runs this: the tools' one wheel downloader)."""
+def wheel_file(cache: Path, py_version: str = WHEEL_PY) -> Path:
+    """The tensorflow-cpu wheel for CPython ``py_version`` (default WHEEL_PY) in ``cache``
+    (downloaded once with pip, whatever Python runs this: the tools' one wheel downloader)."""
     from ..overlay.wheels import fetch_wheel
-    return fetch_wheel(f"tensorflow-cpu=={TF_VERSION}", python_version=WHEEL_PY, cache_dir=cache,
+    return fetch_wheel(f"tensorflow-cpu=={TF_VERSION}", python_version=py_version, cache_dir=cache,
                        progress=log)
 
 

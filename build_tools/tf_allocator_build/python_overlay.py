@@ -21,7 +21,7 @@ import venv
 from pathlib import Path
 
 from ..tools import find_tool
-from . import DEFAULT_CACHE, PY_VERSION, TF_PYTHONS, TF_VERSION, log, wheel_file
+from . import DEFAULT_CACHE, TF_PYTHONS, TF_VERSION, log, wheel_file
 
 PATCHED_PY = [
     "tensorflow/python/eager/context.py",
@@ -54,22 +54,31 @@ def compile_proto(tree: Path, out: Path, cpp: bool = True) -> Path:
     return out
 
 
-def ensure_tf_python(cache: Path = DEFAULT_CACHE) -> Path:
-    """A venv of this interpreter with stock tensorflow-cpu 2.14.1 (from the
-    cached wheel), kept apart from the project's Python (TF 2.14 needs numpy < 2)."""
-    if PY_VERSION not in TF_PYTHONS:
-        raise SystemExit(f"tensorflow-cpu {TF_VERSION} has no wheel for Python {PY_VERSION} "
+def ensure_tf_python(cache: Path = DEFAULT_CACHE, python: str | None = None) -> Path:
+    """A venv of ``python`` (default: this interpreter) with stock tensorflow-cpu 2.14.1 (from the
+    cached wheel for that Python), kept apart from the project's Python (TF 2.14 needs numpy < 2).
+    Its folder ($TF_LMS_VENV, default .cache/tf-venv) is remade when it holds another Python."""
+    python = python or sys.executable
+    r = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                       stdout=subprocess.PIPE, text=True, check=True)
+    py_version = r.stdout.strip()
+    if py_version not in TF_PYTHONS:
+        raise SystemExit(f"tensorflow-cpu {TF_VERSION} has no wheel for Python {py_version} "
                          f"(only {', '.join(TF_PYTHONS)}): run the tests with one of those")
     env = Path(os.environ.get("TF_LMS_VENV", cache.parent / "tf-venv"))
     py = env / "bin" / "python"
     if py.exists():
-        r = subprocess.run([str(py), "-c", "import tensorflow as tf; print(tf.__version__)"],
+        r = subprocess.run([str(py), "-c", "import sys, tensorflow as tf; "
+                            "print('%d.%d' % sys.version_info[:2], tf.__version__)"],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        if r.returncode == 0 and r.stdout.strip() == TF_VERSION:
+        if r.returncode == 0 and r.stdout.split() == [py_version, TF_VERSION]:
             return py
-    wheel = wheel_file(cache)
-    log(f"creating {env} with {wheel.name}")
-    venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    wheel = wheel_file(cache, py_version)
+    log(f"creating {env} with {wheel.name} (Python {py_version})")
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    else:
+        subprocess.run([python, "-m", "venv", "--clear", str(env)], check=True)
     subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True)
     return py
 

@@ -200,7 +200,7 @@ def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
             gone = set().union(*(symbols.strong_defined(u.obj) for u in stock_units)) if stock_units else set()
             report.replaced = len(gone)
             providers = {lib: syms - gone for lib, syms in providers.items()}
-        providers.update(symbols.system_symbols())
+        providers.update(symbols.system_symbols(include / cc.PYTHON_INCLUDE))
         objects = {u.obj: u.rel for u in units if u not in stock_units}
         report.resolution = symbols.resolve(objects, providers)
         for rel, missing in report.resolution["unresolved"].items():

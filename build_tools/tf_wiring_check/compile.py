@@ -39,6 +39,8 @@ EXTERNAL_INCLUDES = [
     "external/local_config_python/numpy_include",
 ]
 CUDA_INCLUDE = "third_party/gpus/cuda/include"
+# the Python headers the wheel was built with (3.11.1 in tensorflow 2.14.1's cp311 wheel)
+PYTHON_INCLUDE = "external/local_config_python/python_include"
 
 
 @dataclass

@@ -3,7 +3,12 @@
 A Bazel build links the patch's objects into TensorFlow's shared libraries, which resolve the
 rest against each other, libstdc++/libc and (for pybind modules) the Python interpreter. Here
 the providers are: the patch's own objects, the wheel's libraries' exported symbols
-(wheel.WHEEL_LIBS), the system's C/C++ runtime libraries and the running Python.
+(wheel.WHEEL_LIBS), the system's C/C++ runtime libraries and the Python the objects were compiled
+for: the objects include the wheel's own Python headers (external/local_config_python, 3.11 for
+TF 2.14.1), so their Python symbols are resolved against the running interpreter when it is that
+version, else against the C API those headers declare (every PyAPI_FUNC/PyAPI_DATA name, which
+a CPython of that version exports): never against another Python's, which has dropped or renamed
+some (3.13 has no _PyThreadState_UncheckedGet).
 
 Invariants checked:
 * every strong undefined symbol (nm's ``U``) of every object has a provider; weak references
@@ -14,6 +19,7 @@ Invariants checked:
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,15 +54,32 @@ def all_defined(obj: Path) -> set[str]:
     return {f[2] for f in _nm(["-g", "--defined-only"], obj) if len(f) == 3}
 
 
-def system_symbols() -> dict[str, set[str]]:
-    """{library: defined dynamic symbols} for the C/C++ runtime and the Python interpreter."""
+def header_python_version(python_include: Path) -> str | None:
+    """"3.11" from ``patchlevel.h`` under ``python_include``, or None."""
+    try:
+        text = (python_include / "patchlevel.h").read_text(errors="replace")
+    except OSError:
+        return None
+    m = re.search(r"#define\s+PY_MAJOR_VERSION\s+(\d+).*?#define\s+PY_MINOR_VERSION\s+(\d+)", text, re.S)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+# PyAPI_FUNC(type) name(...), PyAPI_DATA(type) name, PyAPI_DATA(type) (*name)(...)
+_PYAPI = re.compile(r"PyAPI_(?:FUNC|DATA)\s*\((?:[^()]|\([^()]*\))*\)\s*\(?\s*\*?\s*([A-Za-z_]\w*)")
+
+
+def declared_python_api(python_include: Path) -> set[str]:
+    """Every name the Python headers under ``python_include`` declare with PyAPI_FUNC/PyAPI_DATA:
+    what a CPython of that version exports."""
+    names: set[str] = set()
+    for h in sorted(python_include.rglob("*.h")):
+        names |= set(_PYAPI.findall(h.read_text(errors="replace")))
+    return names
+
+
+def running_python_symbols() -> dict[str, set[str]]:
+    """{provider: defined dynamic symbols} of the running interpreter (and its libpython)."""
     out: dict[str, set[str]] = {}
-    for name in SYSTEM_LIBS:
-        path = next((d / name for d in LIB_DIRS if (d / name).exists()), None)
-        if path is not None:
-            out[name] = {f[-1].split("@")[0] for f in _nm(["-D", "--defined-only"], path) if len(f) >= 3}
-    if "libstdc++.so.6" not in out or "libc.so.6" not in out:
-        raise SystemExit(f"libstdc++.so.6 / libc.so.6 not found in {', '.join(map(str, LIB_DIRS))}")
     py = Path(sys.executable).resolve()
     out[f"python ({py.name})"] = {f[-1].split("@")[0] for f in _nm(["-D", "--defined-only"], py)
                                   if len(f) >= 3}
@@ -67,6 +90,30 @@ def system_symbols() -> dict[str, set[str]]:
         if (libdir / libpy).exists():
             out[libpy] = {f[-1].split("@")[0] for f in _nm(["-D", "--defined-only"], libdir / libpy)
                           if len(f) >= 3}
+    return out
+
+
+def python_symbols(python_include: Path | None) -> dict[str, set[str]]:
+    """The Python provider for objects compiled against ``python_include``: the running interpreter
+    where it is the headers' version (or no headers are given), else the headers' declared C API."""
+    running = "%d.%d" % sys.version_info[:2]
+    wanted = header_python_version(python_include) if python_include is not None else None
+    if wanted is None or wanted == running:
+        return running_python_symbols()
+    return {f"Python {wanted} (C API declared by {python_include.name}/)": declared_python_api(python_include)}
+
+
+def system_symbols(python_include: Path | None = None) -> dict[str, set[str]]:
+    """{library: defined dynamic symbols} for the C/C++ runtime and the Python the objects were
+    compiled for (python_symbols)."""
+    out: dict[str, set[str]] = {}
+    for name in SYSTEM_LIBS:
+        path = next((d / name for d in LIB_DIRS if (d / name).exists()), None)
+        if path is not None:
+            out[name] = {f[-1].split("@")[0] for f in _nm(["-D", "--defined-only"], path) if len(f) >= 3}
+    if "libstdc++.so.6" not in out or "libc.so.6" not in out:
+        raise SystemExit(f"libstdc++.so.6 / libc.so.6 not found in {', '.join(map(str, LIB_DIRS))}")
+    out.update(python_symbols(python_include))
     return out
 
 

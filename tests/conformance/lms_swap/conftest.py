@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.gpu_requirements import missing
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
@@ -44,7 +46,7 @@ def cuda_clean():
     the leak tests compare memory after a warm-up round instead.)"""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("CUDA not available")
+        missing("CUDA not available")
     gc.collect()
     torch.cuda.synchronize()
     yield

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from tests.gpu_requirements import missing
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +32,7 @@ def _run(mode: str) -> dict:
 @pytest.fixture
 def cuda_only():
     if not torch.cuda.is_available():
-        pytest.skip("CUDA not available")
+        missing("CUDA not available")
 
 
 def test_the_jump_kills_a_job_without_the_net(cuda_only):

@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+from tests.gpu_requirements import missing
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +28,7 @@ MiB = 1 << 20
 @pytest.fixture
 def cuda_only():
     if not torch.cuda.is_available():
-        pytest.skip("CUDA not available")
+        missing("CUDA not available")
 
 
 def _last_json(p):
@@ -101,7 +103,7 @@ def test_a_pluggable_allocator_leaves_the_net_off_with_one_warning(cuda_only, tm
     """Under CUDAPluggableAllocator the net must not redirect anything: training goes on
     (same gradients as stock), with one warning, and the net is inactive."""
     if shutil.which("g++") is None:
-        pytest.skip("no g++")
+        missing("no g++")
     from torch.utils.cpp_extension import CUDA_HOME, include_paths
     sys.path.insert(0, str(REPO / "examples" / "pytorch"))
     from lms_swap_loader import load_lms_swap
