@@ -70,12 +70,16 @@ def _outside_state(paths):
     return {p: (p.read_bytes() if p.is_file() else None) for p in paths}
 
 
+# the extractor's two paths: tarfile's data filter where this Python has one (3.11.4 and
+# later), and its own per-member checks, which every Python runs with the filter taken away
+FILTER_PATHS = [True, False] if hasattr(tarfile, "data_filter") else [False]
+
+
 @pytest.mark.parametrize("case", list(tar_cases(Path("/x"))))
-@pytest.mark.parametrize("filters", [True, False], ids=["tarfile-filters", "no-tarfile-filters"])
+@pytest.mark.parametrize("filters", FILTER_PATHS,
+                         ids=["tarfile-filters", "no-tarfile-filters"][-len(FILTER_PATHS):])
 def test_tarball_corpus_refused(tmp_path, monkeypatch, case, filters):
     from build_tools.upstream.tarball import extract
-    if filters and not hasattr(tarfile, "data_filter"):
-        pytest.skip("this Python's tarfile has no filters")
     if not filters:
         monkeypatch.delattr(tarfile, "data_filter", raising=False)
     if archives is not None:
