@@ -91,9 +91,9 @@ system-packages:
 
 build: | $(NEED_VENV)
 ifdef TORCH
-	$(TOOLS) build pytorch $(TORCH) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build pytorch $(call q,$(TORCH)) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
 else ifdef TF
-	$(TOOLS) build tensorflow $(TF) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build tensorflow $(call q,$(TF)) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
 else
 	@echo "error: say what to build: make build TORCH=<tag> or make build TF=<tag>"; $(TOOLS) tags; exit 2
 endif
