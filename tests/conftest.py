@@ -230,3 +230,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_sep("=", "skips by reason")
     terminalreporter.write_line("skips: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items(),
                                                                                     key=lambda kv: (-kv[1], kv[0]))))
+
+
+@pytest.fixture(scope="session")
+def m():
+    """The activation-swapping package of this repository (patches/pytorch/src/torch/cuda/
+    lms_swap/), loaded on the installed PyTorch as the module ``lms_swap``."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "pytorch"))
+    from lms_swap_loader import load_lms_swap
+    return load_lms_swap(prefer_patched=False)

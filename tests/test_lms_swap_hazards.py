@@ -7,22 +7,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import pathlib
-import sys
 
 import pytest
 
 import torch  # a test dependency (pyproject.toml): missing, the module fails, it does not skip
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def m():
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
-    from lms_swap_loader import load_lms_swap
-    return load_lms_swap(prefer_patched=False)
 
 
 def cpu_swapper(m, **kw):

@@ -7,22 +7,12 @@ tests/conformance/lms_swap/test_lms_swap_loops_gpu.py and in the training-loops 
 """
 from __future__ import annotations
 
-import pathlib
-import sys
 
 import pytest
 import torch
 
 nn = torch.nn
-REPO = pathlib.Path(__file__).resolve().parent.parent
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def m():
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
-    from lms_swap_loader import load_lms_swap
-    return load_lms_swap(prefer_patched=False)
 
 
 def _counting_swapper(m):

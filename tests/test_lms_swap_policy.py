@@ -24,13 +24,6 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def m():
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
-    from lms_swap_loader import load_lms_swap
-    return load_lms_swap(prefer_patched=False)
-
-
 def cpu_swapper(m, **kw):
     kw.setdefault("policy", "always")
     kw.setdefault("size_threshold", 4096)
