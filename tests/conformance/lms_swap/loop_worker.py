@@ -1,7 +1,8 @@
 """Runs iterations of a training loop of examples/pytorch/benchmarks/loops.py with LMS
 activation swapping (defaults) in a process of its own, as a user would start it
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), and prints one JSON line: the
-status and lms_swap's counters.  Run by test_lms_swap_loops_gpu.py.
+status, lms_swap's counters and the eviction net's interventions per iteration.  Run
+by test_lms_swap_loops_gpu.py.
 
     python loop_worker.py LOOP BATCH ITERATIONS
 """
@@ -26,8 +27,11 @@ def main():
     out = {"status": "ok", "done": 0}
     try:
         loop = loops.build(name, batch)
+        out["net"] = []  # the eviction net's interventions, per iteration
         for i in range(iters):
+            before = lms.stats().get("guard.ooms_caught", 0)
             loop.step(i, lms.swapping)
+            out["net"].append(lms.stats().get("guard.ooms_caught", 0) - before)
             out["done"] = i + 1
         torch.cuda.synchronize()
         out["finite"] = all(bool(torch.isfinite(p).all()) for p in loop.model.parameters())

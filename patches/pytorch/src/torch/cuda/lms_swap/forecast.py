@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import device_memory
 from .environment import MiB, _allocator_lms
 from .policy import (damped, growth_to_end, next_margin_factor, next_plan,
                      next_reserve_factor, next_slack, swap_trigger)
@@ -70,7 +71,7 @@ class _StepForecast:
                         # caught (a second per step).  Too high costs an eviction by
                         # the net, not the job.
                         free, _ = torch.cuda.mem_get_info(st.index)
-                        cap = min(total, int(free) + torch.cuda.memory_reserved(st.index))
+                        cap = min(total, int(free) + device_memory.reserved(st.index))
                         lim = cap - cap // 100
                     else:
                         lim = int(total * 0.98)
@@ -202,7 +203,7 @@ class _StepForecast:
         if guard is not None and st.peak_marked:
             st.peak_marked = False
             return int(st.fwd_end) + int(guard.peak_growth(st.index)), True
-        return torch.cuda.max_memory_allocated(st.index), False
+        return device_memory.peak_allocated(st.index), False
 
     def _forward_peak_over(self, st: _DevState) -> Optional[int]:
         """How far this forward's peak went over what the allocator can have (negative:
@@ -261,7 +262,7 @@ class _StepForecast:
                 else:
                     # without the net: the program's peak so far, which the next
                     # forward compares backward's against (_backward_peak)
-                    st.peak_before = torch.cuda.max_memory_allocated(st.index)
+                    st.peak_before = device_memory.peak_allocated(st.index)
                 st.prev_off = st.rec_off
                 # the net's evictions count as swapped: left out, an end they lowered
                 # predicts the next forward under the trigger, it keeps what it should

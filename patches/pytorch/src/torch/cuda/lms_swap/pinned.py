@@ -7,6 +7,7 @@ import atexit
 import mmap
 import os
 import queue
+import sys
 import threading
 from typing import Optional
 
@@ -63,46 +64,65 @@ class _Releaser:
             hook(delta)
 
     def put(self, buf: torch.Tensor, event, device: Optional[int], release_fn) -> None:
+        item = (buf, event, device, release_fn)
         with self._lock:
             self._note(buf.numel())
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="lms-host-release", daemon=True)
-                self._thread.start()
-                atexit.register(self.wait)
-        self._q.put((buf, event, device, release_fn))
+            if self._thread is None and sys.is_finalizing():
+                # a pool's __del__ at interpreter exit: no thread can start any more
+                # (Thread.start would wait for it forever), so the buffer goes back here
+                inline = True
+            else:
+                inline = False
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="lms-host-release", daemon=True)
+                    self._thread.start()
+                    atexit.register(self.wait)
+        if inline:
+            self._release([item], [None])
+        else:
+            self._q.put(item)
 
     def wait(self) -> None:
         if threading.current_thread() is not self._thread:  # (a pool's __del__ there)
             self._q.join()
 
     def _run(self) -> None:
-        current = None
+        current = [None]  # the device this thread last made current
         while True:
-            item = self._q.get()
-            nbytes = item[0].numel()
+            box = [self._q.get()]
             try:
-                buf, event, device, release_fn = item
-                item = None
-                if event is not None:
-                    event.synchronize()
-                if device is not None:
-                    if device != current:
-                        # the pool's device, never a context of device 0 created here
-                        torch.cuda.set_device(device)
-                        current = device
-                    if int(torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())) != 0:
-                        self.errors += 1
-                if release_fn is not None:
-                    release_fn(nbytes)
-                del buf  # the last reference to its mapping: the pages go back now
-            except Exception:  # pragma: no cover - a driver error: counted, not raised
-                self.errors += 1
+                self._release(box, current)
             finally:
-                buf = item = None
-                with self._lock:
-                    self._note(-nbytes)
                 self._q.task_done()
+
+    def _release(self, box: list, current: list) -> None:
+        """Gives back the buffer queued in ``box`` (taken out of it, so that the last
+        reference is dropped here): unpin, then unmap; a driver error is counted, not
+        raised."""
+        item = box.pop()
+        nbytes = item[0].numel()
+        try:
+            buf, event, device, release_fn = item
+            item = None
+            if event is not None:
+                event.synchronize()
+            if device is not None:
+                if device != current[0]:
+                    # the pool's device, never a context of device 0 created here
+                    torch.cuda.set_device(device)
+                    current[0] = device
+                if int(torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())) != 0:
+                    self.errors += 1
+            if release_fn is not None:
+                release_fn(nbytes)
+            del buf  # the last reference to its mapping: the pages go back now
+        except Exception:  # pragma: no cover - a driver error: counted, not raised
+            self.errors += 1
+        finally:
+            buf = item = None
+            with self._lock:
+                self._note(-nbytes)
 
 
 _releaser = _Releaser()

@@ -1,0 +1,62 @@
+"""How much device memory PyTorch's CUDA allocator holds, under any allocator.
+
+The native caching allocator keeps counters (``torch.cuda.memory_allocated`` and its
+kin).  A pluggable allocator (``torch.cuda.memory.change_current_allocator``) keeps none:
+asking raises ("CUDAPluggableAllocator does not yet support getDeviceStats"), which would
+end a training step.  There the driver's view stands in: the device memory in use by
+anything (``cudaMemGetInfo``), which counts the CUDA context and other processes too, so
+the swapper sees more pressure than there is and swaps early, never late; its peak is
+the highest value read here.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+__all__ = ["allocated", "reserved", "peak_allocated", "counted_by_allocator"]
+
+_driver_view: Dict[int, bool] = {}  # device -> the allocator keeps no counters
+_driver_peak: Dict[int, int] = {}   # device -> highest in-use value read from the driver
+
+
+def _in_use(index: int) -> int:
+    free, total = torch.cuda.mem_get_info(index)
+    used = int(total) - int(free)
+    if used > _driver_peak.get(index, 0):
+        _driver_peak[index] = used
+    return used
+
+
+def counted_by_allocator(index: int) -> bool:
+    """Whether the allocator of device ``index`` keeps its own counters."""
+    if index not in _driver_view:
+        try:
+            torch.cuda.memory_allocated(index)
+            _driver_view[index] = False
+        except RuntimeError:
+            _driver_view[index] = True
+    return not _driver_view[index]
+
+
+def allocated(index: int) -> int:
+    """Bytes of tensors on device ``index`` (the allocator's count, else the driver's
+    in-use bytes)."""
+    if counted_by_allocator(index):
+        return torch.cuda.memory_allocated(index)
+    return _in_use(index)
+
+
+def reserved(index: int) -> int:
+    """Bytes the allocator holds on device ``index``, cached ones included."""
+    if counted_by_allocator(index):
+        return torch.cuda.memory_reserved(index)
+    return _in_use(index)
+
+
+def peak_allocated(index: int) -> int:
+    """The highest :func:`allocated` since the program began (not reset here)."""
+    if counted_by_allocator(index):
+        return torch.cuda.max_memory_allocated(index)
+    return max(_driver_peak.get(index, 0), _in_use(index))
