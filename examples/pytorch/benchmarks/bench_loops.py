@@ -140,10 +140,10 @@ def child(args):
     except torch.OutOfMemoryError as e:
         kind = type(e).__name__
         result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
-        result["error"] = str(e)[:600]
+        result["error"] = str(e)[:2000]
     except Exception as e:  # noqa: BLE001  (a loop that breaks is a result, not a crash)
         result["status"] = f"error: {type(e).__name__}"
-        result["error"] = str(e)[:600]
+        result["error"] = str(e)[:2000]
     if lms is not None:  # what the layer had done, also where the loop failed
         result["lms_stats"] = {k: v for k, v in lms.stats().items() if v is not None}
     result["steps"] = steps
@@ -263,6 +263,8 @@ def main():
     ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--baseline-scales", type=float, nargs="+", default=[1.0],
                     help="scales at which the modes other than lms run")
+    ap.add_argument("--lms-scales", type=float, nargs="+", default=None,
+                    help="the scales lms runs at (default: all of --scales)")
     ap.add_argument("--base-batch", action="append", default=[], metavar="LOOP=N",
                     help="stock's largest batch for LOOP, found earlier (default: searched)")
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
@@ -314,6 +316,8 @@ def main():
             batch = max(1, int(round(base * scale)))
             for mode in args.modes:
                 if mode != "lms" and scale not in args.baseline_scales:
+                    continue
+                if mode == "lms" and args.lms_scales and scale not in args.lms_scales:
                     continue
                 row = {"loop": name, "scale": scale, "batch": batch, "mode": mode,
                        "base_batch": base, "commit": commit, "machine": mach,

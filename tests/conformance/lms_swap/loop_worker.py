@@ -27,11 +27,12 @@ def main():
     out = {"status": "ok", "done": 0}
     try:
         loop = loops.build(name, batch)
-        out["net"] = []  # the eviction net's interventions, per iteration
+        out["net"], out["kind"] = [], []  # the eviction net's interventions, per iteration
         for i in range(iters):
             before = lms.stats().get("guard.ooms_caught", 0)
-            loop.step(i, lms.swapping)
+            kind, _ = loop.step(i, lms.swapping)
             out["net"].append(lms.stats().get("guard.ooms_caught", 0) - before)
+            out["kind"].append(kind)
             out["done"] = i + 1
         torch.cuda.synchronize()
         out["finite"] = all(bool(torch.isfinite(p).all()) for p in loop.model.parameters())
