@@ -14,7 +14,7 @@ import torch
 
 from . import device_memory
 from .environment import MiB, _allocator_lms
-from .policy import (damped, growth_to_end, next_margin_factor, next_plan,
+from .policy import (damped, growth_to_end, next_margin_factor, next_plan, settled_plan,
                      next_reserve_factor, next_slack, swap_trigger)
 from .profiles import signature
 from .state import _DevState
@@ -145,7 +145,16 @@ class _StepForecast:
                 moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
                 st.slack = next_slack(st.slack, released > st.released_seen, moved,
                                       self._device_limit(st))
+                if st.plan_before is not None and self.config.policy == "auto":
+                    harmless = (st.fwd_evicted == 0 and bwd_evicted == 0
+                                and released == st.released_seen)
+                    settled = settled_plan(st.plan, st.plan_before,
+                                           st.planned + st.reactive, harmless)
+                    if settled < st.plan:
+                        self.c["plan_raises_undone"] += 1
+                    st.plan = settled
                 st.released_seen = released
+            st.plan_before = None
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None):
                 peak, exact = self._backward_peak(st)
@@ -272,6 +281,7 @@ class _StepForecast:
                                                st.planned + st.reactive + fwd_evicted)
                 st.rec_off, st.rec_unswapped = [], []
                 if self.config.plan:
+                    st.plan_before = st.plan
                     trig = swap_trigger(self._device_limit(st), self._margin(st))
                     swapped = st.planned + st.reactive + fwd_evicted
                     if swapped == 0 and st.fwd_end <= trig:

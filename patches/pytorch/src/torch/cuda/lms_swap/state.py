@@ -102,7 +102,7 @@ class _DevState:
         "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
-        "seen", "sig", "profiles",
+        "seen", "sig", "profiles", "plan_before",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -130,6 +130,8 @@ class _DevState:
         self.prev_growth: List[int] = []    # ... and its growth_to_end there
         self.cursor = 0      # lowest pack position consumed in this backward
         self.plan = 0        # bytes to swap from the start of forward (learned)
+        self.plan_before: Optional[int] = None  # the plan this step began with (set where
+        #                                         forward ends, read after its backward)
         self.planned = 0     # bytes swapped by the plan in this forward
         self.reactive = 0    # bytes swapped under pressure in this forward
         self.guard_seen = 0  # the eviction net's evicted bytes when this phase began
