@@ -172,3 +172,105 @@ def test_zoo_table_is_written_from_records(tmp_path):
     assert md.index("## run 8, 2026-11-22, commit abc1234, H100, torch 2.11") < md.index(
         "## run 7, 2026-11-22, commit unknown, H100, folder `h100-run7`")
     assert "27.0 GB/s out, 26.5 in" in md and md.count("| unet | 2.0x | 200 | lms | ok |") == 2
+
+
+# Every RESULTS-*.md is written by code from its records: (table, module, how it is written).
+def _write_zoo(m, recs, path):
+    m.write_table(path, recs)
+
+
+def _write_loops(m, recs, path):
+    m.write_table(path, recs)
+
+
+def _write_distributed(m, recs, path):
+    m.write_table(path, recs)
+
+
+TABLES = {
+    "zoo": ("bench_lms_swap", _write_zoo),
+    "loops": ("bench_loops", _write_loops),
+    "distributed": ("bench_distributed", _write_distributed),
+    **{name: ("record_tables", lambda m, recs, path, name=name: m.write_table(name, path, recs))
+       for name in ("allocator", "tf_allocator", "victim_trace", "probes")},
+}
+
+
+def test_every_results_table_has_a_writer():
+    assert sorted(p.name for p in BENCH.glob("RESULTS-*.md")) == sorted(
+        f"RESULTS-{n}.md" for n in TABLES)
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_committed_table_is_what_its_records_give(tmp_path, name):
+    """A table edited by hand, or records changed without regenerating it, fails here."""
+    records = _import("records")
+    module, write = TABLES[name]
+    out = tmp_path / f"RESULTS-{name}.md"
+    write(_import(module), records.load(BENCH / "records" / f"{name}.jsonl"), out)
+    assert out.read_text() == (BENCH / f"RESULTS-{name}.md").read_text(), (
+        f"RESULTS-{name}.md differs from its records: regenerate it (README.md says how)")
+
+
+def test_record_tables_on_one_real_record_each(tmp_path):
+    """Each of the four writers on the first record of its file: the section names its
+    commit, runs and where the commands are, and the rows carry the record's figures."""
+    import json
+    rt = _import("record_tables")
+
+    def first(name):
+        return json.loads((BENCH / "records" / f"{name}.jsonl").open().readline())
+
+    def md(name, rec):
+        return rt.write_table(name, tmp_path / f"{name}.md", [rec]).read_text()
+
+    alloc = first("allocator")  # run 106, b535afc
+    text = md("allocator", alloc)
+    assert "## Commit b535afc" in text and "106 (`h100-run104/r106`)" in text
+    assert "the notes of `h100-run104` in `records/runs.jsonl`" in text
+    bw = alloc["tests"]["bandwidth_lms"]
+    spill = "/".join(f"{x['out_gbps'] / bw['ref_d2h_gbps']:.2f}" for x in bw["rounds"])
+    assert f"| 106 | bandwidth_lms | ran | 0 | spill {spill}, return" in text
+    assert "| 106 | summary |" not in text
+    assert text.count("\n| 106 | ") == len(alloc["tests"]) - 1
+
+    text = md("tf_allocator", first("tf_allocator"))  # run 107: a failed CHECK, rc=134
+    assert "| 107 | tf_writers.log | Check failed; rc=134 | 0 |" in text
+
+    vt = first("victim_trace")
+    text = md("victim_trace", vt)
+    row = vt["rows"][0]
+    assert (f"| {vt['run']} | {vt['model']}, batch {vt['meta']['batch']} | {row['fraction']} "
+            f"({row['capacity'] / (1 << 30):.1f} GiB) | {row['policy']} |") in text
+    assert text.count(f"\n| {vt['run']} | ") == len(vt["rows"])
+
+    pr = first("probes")  # a zoo configuration's results.json: the command is in the record
+    text = md("probes", pr)
+    assert f"Commands: `{pr['data']['command']}`." in text and "Commands not in the records" not in text
+    res = pr["data"]["results"][0]
+    assert f"| {pr['run']} | {pr['probe']} | bench_lms_swap.py | {res['model']} {res['scale']}x" in text
+
+
+def test_per_step_traces_are_kept_apart(tmp_path):
+    """The zoo's per-step lines go to a gzipped file beside the records, keyed so that each
+    goes back to its result; the record and its table keep everything else."""
+    records = _import("records")
+    rec = {"run": "9", "date": "d", "commit": "c", "command": "x",
+           "results": [{"model": "unet", "scale": 1.5, "batch": 6, "mode": "lms",
+                        "per_step": [{"kind": "timed", "s": 1.0}]},
+                       {"model": "unet", "scale": 1.0, "batch": 4, "mode": "stock"}]}
+    path = tmp_path / "zoo.jsonl"
+    records.append_with_traces(path, rec)
+    assert records.traces_path(path).name == "zoo-per-step.jsonl.gz"
+    [kept] = records.load(path)
+    assert all("per_step" not in r for r in kept["results"]) and kept["command"] == "x"
+    [t] = records.load_traces(path)
+    assert t == {"run": "9", "date": "d", "commit": "c", "result": 0, "model": "unet",
+                 "scale": 1.5, "batch": 6, "mode": "lms", "per_step": [{"kind": "timed", "s": 1.0}]}
+    # the committed zoo records: every trace finds exactly one result that lacks it
+    zoo = records.load(BENCH / "records" / "zoo.jsonl")
+    for t in records.load_traces(BENCH / "records" / "zoo.jsonl"):
+        [r] = [r for r in zoo if all(r.get(k) == t.get(k) for k in records.TRACE_KEYS)]
+        res = r["results"][t["result"]]
+        assert (res["model"], res["scale"], res["mode"]) == (t["model"], t["scale"], t["mode"])
+        assert "per_step" not in res

@@ -460,8 +460,8 @@ def main():
     config = {k: v for k, v in vars(args).items()
               if k not in ("child", "search", "mode", "batch", "model", "probe_link", "out",
                            "record", "table", "table_only")}
-    records.append(args.record, {**records.header(), "command": cmd, "config": config,
-                                 "link": link, "results": results})
+    records.append_with_traces(args.record, {**records.header(), "command": cmd, "config": config,
+                                             "link": link, "results": results})
     write_table(pathlib.Path(args.table), records.load(args.record))
     print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
 

@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE))
 
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
+import records as records_  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
 RECORD = HERE / "records" / "loops.jsonl"
@@ -206,8 +207,7 @@ def machine():
 
 def write_table(path, records):
     """The table of every record, one section per commit, the newest first."""
-    commits = list(dict.fromkeys(r["commit"] for r in reversed(records)))
-    lines = [
+    head = [
         "# Training loops: stock vs save_on_cpu vs torchtune vs LMS activation swapping", "",
         "Written by bench_loops.py from `records/loops.jsonl` (one JSON line per "
         "configuration: commit, machine, torch, command, every iteration's counters).", "",
@@ -217,37 +217,38 @@ def write_table(path, records):
         "alone, no measure of speed). Net interventions: out-of-memory errors the eviction "
         "net caught in the timed iterations (all iterations in brackets).",
     ]
-    for commit in commits:
-        rows = [r for r in records if r["commit"] == commit]
-        lines += ["", f"## Commit {commit}", "",
-                  f"{rows[0]['machine'].get('gpu', '?')}, torch {rows[0].get('torch')}. "
-                  f"Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in rows)),
-                  "",
-                  "| loop | scale | batch | mode | result | iterations | units/s | vs stock 1.0x | % of bound | net interventions | out / in GB per iter | peak GPU GiB | peak host GiB |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        stock = {}
-        for r in records:
-            if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
-                stock.setdefault(r["loop"], r)
-        for r in rows:
-            ok = r.get("status") == "ok"
-            ups = r.get("units_per_s")
-            s1 = stock.get(r["loop"], {}).get("units_per_s")
-            err = "" if ok else ": " + str(r.get("error", ""))[:90]
-            lines.append("| " + " | ".join([
-                r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
-                (str(r.get("status", "?")) + err).replace("|", "/").replace("\n", " "),
-                str(r.get("steps_done", "-")),
-                f"{ups:.0f} {r.get('unit', '')}" if ok and ups else "-",
-                f"{100 * ups / s1:.1f}%" if ok and ups and s1 else "-",
-                (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
-                if ok and r.get("frac_of_bound") and r["mode"] != "stock" else "-",
-                f"{r['net_interventions']} ({r['net_interventions_all']})" if ok and r["mode"] == "lms" else "-",
-                f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] == "lms" else "-",
-                f"{r['peak_alloc'] / GiB:.1f}" if r.get("peak_alloc") else "-",
-                f"{r['peak_host_rss'] / GiB:.1f}" if r.get("peak_host_rss") else "-",
-            ]) + " |")
-    path.write_text("\n".join(lines) + "\n")
+    columns = ["loop", "scale", "batch", "mode", "result", "iterations", "units/s", "vs stock 1.0x",
+               "% of bound", "net interventions", "out / in GB per iter", "peak GPU GiB",
+               "peak host GiB"]
+    stock = {}
+    for r in records:
+        if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
+            stock.setdefault(r["loop"], r)
+
+    def row(r):
+        ok = r.get("status") == "ok"
+        ups = r.get("units_per_s")
+        s1 = stock.get(r["loop"], {}).get("units_per_s")
+        err = "" if ok else ": " + str(r.get("error", ""))[:90]
+        return [
+            r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
+            (str(r.get("status", "?")) + err).replace("|", "/").replace("\n", " "),
+            str(r.get("steps_done", "-")),
+            f"{ups:.0f} {r.get('unit', '')}" if ok and ups else "-",
+            f"{100 * ups / s1:.1f}%" if ok and ups and s1 else "-",
+            (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
+            if ok and r.get("frac_of_bound") and r["mode"] != "stock" else "-",
+            f"{r['net_interventions']} ({r['net_interventions_all']})" if ok and r["mode"] == "lms" else "-",
+            f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] == "lms" else "-",
+            f"{r['peak_alloc'] / GiB:.1f}" if r.get("peak_alloc") else "-",
+            f"{r['peak_host_rss'] / GiB:.1f}" if r.get("peak_host_rss") else "-",
+        ]
+
+    def note(rows):
+        return (f"{rows[0]['machine'].get('gpu', '?')}, torch {rows[0].get('torch')}. "
+                "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in rows)))
+
+    records_.write_by_commit(path, records, head, columns, lambda rows: [row(r) for r in rows], note)
 
 
 def main():

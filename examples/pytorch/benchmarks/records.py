@@ -77,3 +77,66 @@ def title(r: dict) -> str:
     if r.get("source"):
         bits.append(f"folder `{r['source']}`")
     return ", ".join(bits)
+
+
+def by_commit(recs) -> list:
+    """(commit, its records) pairs, the commit of the newest record first."""
+    key = [r.get("commit") or "unknown" for r in recs]
+    return [(c, [r for r, k in zip(recs, key) if k == c]) for c in dict.fromkeys(reversed(key))]
+
+
+def cell(x) -> str:
+    """A value as one markdown table cell."""
+    return "-" if x is None or x == "" else str(x).replace("|", "/").replace("\n", " ")
+
+
+def write_by_commit(path, recs, head: list, columns: list, rows, note) -> None:
+    """Rewrite the table ``path``: ``head`` (lines), then a section per commit, the newest
+    first: ``## Commit <c>``, ``note(its records)``, and the table of ``rows(its records)``
+    (lists of cells) under ``columns`` (names). Every RESULTS-*.md grouped by commit comes
+    from here."""
+    lines = list(head)
+    for c, group in by_commit(recs):
+        lines += ["", f"## Commit {c}", "", note(group), "",
+                  "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows(group)]
+    pathlib.Path(path).write_text("\n".join(lines) + "\n")
+
+
+TRACE_KEYS = ("run", "date", "commit", "source", "part")
+
+
+def traces_path(path) -> pathlib.Path:
+    """Where the per-step traces of ``records/<name>.jsonl`` go: ``<name>-per-step.jsonl.gz``."""
+    path = pathlib.Path(path)
+    return path.with_name(path.stem + "-per-step.jsonl.gz")
+
+
+def split_traces(record: dict, field: str = "per_step") -> list:
+    """Take each result's ``field`` (a counter line per step, which no table reads) out of
+    ``record``; return the lines for ``traces_path``: the record's run, date, commit and
+    source, the result's index, model, scale, batch and mode, and the trace."""
+    out = []
+    for i, res in enumerate(record.get("results") or []):
+        if isinstance(res, dict) and field in res:
+            out.append({**{k: record.get(k) for k in TRACE_KEYS if k in record}, "result": i,
+                        **{k: res.get(k) for k in ("model", "scale", "batch", "mode")},
+                        field: res.pop(field)})
+    return out
+
+
+def append_with_traces(path, record: dict) -> None:
+    """Append ``record`` to ``path`` and its per-step traces, gzipped, beside it."""
+    import gzip
+    lines = split_traces(record)
+    if lines:
+        with gzip.open(traces_path(path), "at") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in lines))
+    append(path, record)
+
+
+def load_traces(path) -> list:
+    """The per-step traces kept beside ``records/<name>.jsonl`` (none: [])."""
+    import gzip
+    p = traces_path(path)
+    return [json.loads(x) for x in gzip.open(p, "rt") if x.strip()] if p.exists() else []
