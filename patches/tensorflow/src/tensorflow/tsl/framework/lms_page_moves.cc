@@ -153,69 +153,56 @@ Status LmsVirtualMemSubAllocator::RepairHoles() {
       "nothing is allocated until the page can be mapped again");
 }
 
-Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
-                                             size_t* pages_spilled) {
-  const AddElapsedNs timer(&spill_ns_);
-  *pages_spilled = 0;
+Status LmsVirtualMemSubAllocator::MoveRange(bool to_host, const void* p,
+                                            size_t bytes, size_t* pages_moved) {
+  const AddElapsedNs timer(to_host ? &spill_ns_ : &fetch_ns_);
+  // A spill moves device pages onto new host pages, a fetch the reverse.
+  const PageState from = to_host ? PageState::kDevice : PageState::kHost;
+  *pages_moved = 0;
   TF_RETURN_IF_ERROR(LiveMovesAllowed());
   TF_RETURN_IF_ERROR(RepairHoles());
   size_t first, last;
   PageSpan(p, bytes, &first, &last);
   size_t i = first;
   while (i < last) {
-    if (pages_[i].state != PageState::kDevice) {
+    if (pages_[i].state != from) {
       ++i;
       continue;
     }
-    // A run of device pages [i, j).
+    // A run of pages [i, j) to move, each with a page taken on the other side.
     size_t j = i;
     std::vector<LmsPageBackend::PageHandle> to;
-    Status budget;
-    while (j < last && pages_[j].state == PageState::kDevice) {
+    Status taken;
+    while (j < last && pages_[j].state == from) {
       LmsPageBackend::PageHandle h;
-      budget = TakePage(/*host=*/true, &h);
-      if (!budget.ok()) break;
+      taken = TakePage(/*host=*/to_host, &h);
+      if (!taken.ok()) break;
       to.push_back(h);
       ++j;
     }
     if (j > i) {
-      TF_RETURN_IF_ERROR(MoveRun(i, /*to_host=*/true, to));
-      *pages_spilled += j - i;
+      TF_RETURN_IF_ERROR(MoveRun(i, to_host, to));
+      *pages_moved += j - i;
     }
-    if (!budget.ok()) return budget;
+    if (!taken.ok()) {
+      // Out of host pages a spill fails (the host budget is exhausted); out
+      // of device pages a fetch stops without error, the rest stays on host.
+      if (to_host) return taken;
+      if (j == i) return OkStatus();
+    }
     i = j;
   }
   return OkStatus();
 }
 
+Status LmsVirtualMemSubAllocator::SpillRange(const void* p, size_t bytes,
+                                             size_t* pages_spilled) {
+  return MoveRange(/*to_host=*/true, p, bytes, pages_spilled);
+}
+
 Status LmsVirtualMemSubAllocator::FetchRange(const void* p, size_t bytes,
                                              size_t* pages_fetched) {
-  const AddElapsedNs timer(&fetch_ns_);
-  *pages_fetched = 0;
-  TF_RETURN_IF_ERROR(LiveMovesAllowed());
-  TF_RETURN_IF_ERROR(RepairHoles());
-  size_t first, last;
-  PageSpan(p, bytes, &first, &last);
-  size_t i = first;
-  while (i < last) {
-    if (pages_[i].state != PageState::kHost) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    std::vector<LmsPageBackend::PageHandle> to;
-    while (j < last && pages_[j].state == PageState::kHost) {
-      LmsPageBackend::PageHandle h;
-      if (!TakePage(/*host=*/false, &h).ok()) break;
-      to.push_back(h);
-      ++j;
-    }
-    if (j == i) return OkStatus();  // No device page available.
-    TF_RETURN_IF_ERROR(MoveRun(i, /*to_host=*/false, to));
-    *pages_fetched += j - i;
-    i = j;
-  }
-  return OkStatus();
+  return MoveRange(/*to_host=*/false, p, bytes, pages_fetched);
 }
 
 }  // namespace tsl

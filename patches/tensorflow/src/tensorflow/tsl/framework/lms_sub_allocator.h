@@ -352,6 +352,12 @@ class LmsVirtualMemSubAllocator : public SubAllocator {
   void SetMoved(size_t i, bool to_host, LmsPageBackend::PageHandle h);
   Status MoveRun(size_t i, bool to_host,
                  const std::vector<LmsPageBackend::PageHandle>& to);
+  // SpillRange (to_host) and FetchRange (!to_host): moves the pages of
+  // [p, p + bytes) that are on the other side, in runs (MoveRun), while pages
+  // to move onto can be taken; counts the pages moved in '*pages_moved' and
+  // the time in spill_ns_ or fetch_ns_.
+  Status MoveRange(bool to_host, const void* p, size_t bytes,
+                   size_t* pages_moved);
   Status MapFresh(size_t index, bool host);
   // OK when pages of live data may move (gate active or the unsafe opt-in).
   Status LiveMovesAllowed();
