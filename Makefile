@@ -57,6 +57,7 @@ help:
 	@echo "  make setup                          virtualenv in $(VENV) with the tools and test dependencies"
 	@echo "  make build TORCH=<tag> [MODE=full|overlay] [SOURCE=...] [PATCH=...] [DRY_RUN=1] [JOBS=n]"
 	@echo "  make build TF=<tag> [SOURCE=...] [PATCH=...] [DRY_RUN=1] [JOBS=n]"
+	@echo "                                      TREE_ONLY=1: stop once the patched tree is in build/"
 	@echo "                                      wheel with LMS into dist/ (overlay: PyTorch only, minutes)"
 	@echo "                                      PATCH=<file or URL>: your own patch, on any tag; a tag with"
 	@echo "                                      no shipped patch and no PATCH starts from the nearest, rebased;"
@@ -91,9 +92,9 @@ system-packages:
 
 build: | $(NEED_VENV)
 ifdef TORCH
-	$(TOOLS) build pytorch $(call q,$(TORCH)) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build pytorch $(call q,$(TORCH)) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(TREE_ONLY),--tree-only)
 else ifdef TF
-	$(TOOLS) build tensorflow $(call q,$(TF)) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run)
+	$(TOOLS) build tensorflow $(call q,$(TF)) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(TREE_ONLY),--tree-only)
 else
 	@echo "error: say what to build: make build TORCH=<tag> or make build TF=<tag>"; $(TOOLS) tags; exit 2
 endif

@@ -117,6 +117,12 @@ class TagProfile:
         return self.data.get("build", {}).get(mode, {})
 
     @property
+    def wheel_sha256(self) -> dict[str, str]:
+        """{official wheel file name: sha256} the profile pins: its top-level [wheel_sha256] and
+        [build.overlay.wheel_sha256] together (the tools check every wheel they use against these)."""
+        return {**self.data.get("wheel_sha256", {}), **self.build("overlay").get("wheel_sha256", {})}
+
+    @property
     def edit_series(self) -> list[Path]:
         return sorted(self.dir.glob("[0-9][0-9][0-9][0-9]-*.patch"))
 

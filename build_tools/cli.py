@@ -192,6 +192,8 @@ def cmd_build(args) -> int:
         plan = module.plan(prof, source, jobs=args.jobs, dist=dist)
     plan.steps[:0] = before
     plan.notes += prof.notes()
+    if args.tree_only:
+        plan = plan.until_tree()
     if args.dry_run:
         print(plan.render())
         return 0
@@ -249,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="full: the framework's own build (hours); overlay (PyTorch): rebuild only libc10_cuda on "
                          "top of the official wheel (minutes)")
     sp.add_argument("--dry-run", action="store_true", help="print the exact plan and the toolchain check; do nothing")
+    sp.add_argument("--tree-only", action="store_true",
+                    help="stop once the patched tree is in build/<framework>-<tag>-<mode>/src (made under the "
+                         "build folder's lock, as a build makes it); no toolchain needed")
     sp.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
     sp.add_argument("--dist", default=str(catalog.REPO_ROOT / "dist"), help="where the wheel goes (default: dist/)")
     sp.add_argument("--patch", metavar="FILE_OR_URL",

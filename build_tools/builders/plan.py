@@ -25,6 +25,7 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     action: Callable[[], None] | None = None  # or Python work (fetch, apply, repack)
     shows: list[str] = field(default_factory=list)  # for an action: the commands it amounts to
+    tree: bool = False  # the step that leaves the patched tree in the build folder (--tree-only ends there)
 
     def render(self) -> str:
         if self.command is None:
@@ -52,6 +53,14 @@ class Plan:
         for i, s in enumerate(self.steps, 1):
             out += [f"  [{i}] " + s.render().replace("\n", "\n      ")]
         return "\n".join(out)
+
+    def until_tree(self) -> "Plan":
+        """This plan up to and including the step that prepares the patched tree, with no toolchain
+        to check: the tree a build would compile, made in the build folder under its lock."""
+        ends = [i for i, s in enumerate(self.steps) if s.tree]
+        if not ends:
+            raise LmsError(f"{self.title}: no step of this plan prepares a tree")
+        return Plan(f"{self.title} (tree only)", self.steps[:ends[0] + 1], [], self.log, list(self.notes))
 
     def execute(self) -> None:
         for n in self.notes:

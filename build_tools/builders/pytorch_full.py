@@ -46,7 +46,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
     steps = [
         Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
              f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
-             shows=common.tree_commands(prof, source, tree)),
+             shows=common.tree_commands(prof, source, tree), tree=True),
     ]
     if source.kind == "git":
         steps.append(Step("fetch the tag's git submodules (third_party/)",

@@ -69,7 +69,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
     steps = [
         Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
              f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
-             shows=common.tree_commands(prof, source, tree)),
+             shows=common.tree_commands(prof, source, tree), tree=True),
         Step("configure the build without prompts (answers come from the environment)",
              [python, "configure.py"], cwd=tree, env=env),
         Step(f"bazel build (bazel {bazel_version or 'as pinned'})", bazel_args, cwd=tree, env=env),

@@ -91,13 +91,10 @@ def _official_parts(official: Path) -> Path:
     return dest
 
 
-def _verify_official(official: Path, pins: dict, progress) -> None:
+def _verify_official(official: Path, progress) -> None:
     """Every member of the official wheel against its RECORD (once per wheel file: a stamp beside it
-    names the wheel's sha256), and a warning when the profile pins no sha256 for this file."""
+    names the wheel's sha256). Its pin was checked by fetch_wheel."""
     digest = file_sha256(official)
-    if official.name not in pins:
-        progress(f"  warning: {official.name} has no pinned sha256 in the profile (it has {digest}); "
-                 f"pip checked it against the index only")
     stamp = official.with_name(official.name + ".record-ok")
     if stamp.is_file() and stamp.read_text().strip() == digest:
         return
@@ -251,8 +248,8 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
     # 2. official wheel and its build facts
     cache = Path(wheel_cache) if wheel_cache else DEFAULT_CACHE
     official = fetch_wheel(requirement, python=python, cache_dir=cache, progress=progress,
-                           pins=ocfg.get("wheel_sha256"))
-    _verify_official(official, ocfg.get("wheel_sha256") or {}, progress)
+                           pins=prof.wheel_sha256)
+    _verify_official(official, progress)
     t0 = mark("fetch_wheel", t0)
     facts = read_facts(official, progress=progress)
     progress(f"  official build: torch {facts.torch_version}, CUDA {facts.cuda}, CXX11 ABI={facts.cxx11_abi}, "

@@ -6,15 +6,20 @@ and a cached file is reused only when its tags are among that interpreter's supp
 from pip's own vendored `packaging`), or a CPython version on manylinux x86-64 (`python_version`,
 whatever Python runs the tools). pip checks what it downloads against the index's hashes; `pins`
 ({wheel file name: sha256}, kept in the profiles and beside HEADER_WHEELS) are checked on every use,
-cached or not: a wheel that does not match is deleted and refused.
+cached or not: a wheel in the cache that does not match is deleted and refused (a wheel the caller
+names outside the cache is refused and left alone), and a wheel the pins do not name is used with a
+warning that gives its sha256. pip downloads into a temporary folder inside the cache; the wheel is
+renamed into the cache only once it matches its pin, so an interrupted or wrong download is never kept.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -97,17 +102,24 @@ def cached_wheel(requirement: str, python: str | None, cache_dir: Path = DEFAULT
     return best[1] if best else None
 
 
-def check_pin(wheel: Path, pins: dict | None) -> str | None:
-    """The wheel's sha256 when `pins` names its file (None when it does not); a mismatch deletes the
-    file and raises."""
+def check_pin(wheel: Path, pins: dict | None, *, discard: bool = True, progress=None) -> str | None:
+    """The wheel's sha256 when `pins` names its file (None when it does not: then, with `progress`, a
+    warning naming its sha256). A mismatch raises LmsError naming the file and both hashes; with
+    `discard` (a file of the cache) the file is deleted first, so that it is never used again."""
     if not pins or wheel.name not in pins:
+        if pins is not None and progress is not None:
+            progress(f"  warning: {wheel.name} has no pinned sha256 in the profile (it has "
+                     f"{file_sha256(wheel)}); pip checked it against the index only")
         return None
-    want, got = pins[wheel.name].lower(), file_sha256(wheel)
+    want, got = pins[wheel.name].strip().lower().removeprefix("sha256:"), file_sha256(wheel)
     if got != want:
-        wheel.unlink()
-        raise LmsError(f"{wheel.name} does not match its pinned sha256 (expected {want}, got {got}); "
-                       f"the file was deleted", hint="run again to download it afresh; if it still differs, "
-                                                     "the index or mirror serves another file than the pin's")
+        if discard:
+            wheel.unlink(missing_ok=True)
+        raise LmsError(f"{wheel} does not match its pinned sha256 (expected {want}, got {got}); "
+                       + ("the file was deleted" if discard else "it was not used"),
+                       hint=("run again to download it afresh; if it still differs, the index or mirror "
+                             "serves another file than the pin's") if discard else
+                            "use the official wheel of that name (pip download), or let the tools fetch it")
     return got
 
 
@@ -119,7 +131,7 @@ def fetch_wheel(requirement: str, *, python: str | None = None, python_version: 
         raise ValueError("fetch_wheel needs python or python_version")
     hit = cached_wheel(requirement, python, cache_dir, version_target=python_version)
     if hit:
-        check_pin(hit, pins)
+        check_pin(hit, pins, progress=progress)
         progress(f"  wheel (cached): {hit}")
         return hit
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +142,24 @@ def fetch_wheel(requirement: str, *, python: str | None = None, python_version: 
     else:
         cmd = [sys.executable, "-m", "pip", "download", requirement, "--python-version", python_version]
         cmd += [a for p in TARGET_PLATFORMS for a in ("--platform", p)]
-    cmd += ["--no-deps", "--only-binary=:all:", "--progress-bar", "off", "-d", str(cache_dir)]
+    # pip writes into a folder of its own inside the cache (same file system): only a wheel that
+    # matches its pin is renamed into the cache, in one step; anything else goes with the folder.
+    staging = Path(tempfile.mkdtemp(prefix=".download-", dir=cache_dir))
+    try:
+        hit = _download(requirement, cmd + ["-d", str(staging)], python, python_version, pyver, staging)
+        check_pin(hit, pins, progress=progress)
+        final = cache_dir / hit.name
+        os.replace(hit, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"  wheel: {final} ({final.stat().st_size / 1e6:.0f} MB)")
+    return final
+
+
+def _download(requirement: str, cmd: list[str], python: str | None, python_version: str | None, pyver: str,
+              staging: Path) -> Path:
+    """Run `cmd` (pip download into `staging`) and return the wheel it left there."""
+    cmd = cmd + ["--no-deps", "--only-binary=:all:", "--progress-bar", "off"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if proc.returncode != 0:
@@ -143,10 +172,8 @@ def fetch_wheel(requirement: str, *, python: str | None = None, python_version: 
             + (f"\n  versions pip can see for this interpreter: {avail.group(1)}" if avail else ""),
             hint=(f"use a Python for which {name} {version} publishes wheels, or the full source build "
                   f"(`make build TORCH=<tag> MODE=full`)"))
-    hit = cached_wheel(requirement, python, cache_dir, version_target=python_version)
+    hit = cached_wheel(requirement, python, staging, version_target=python_version)
     if not hit:
-        raise WheelNotFound(f"pip download of {requirement} succeeded but no matching wheel is in {cache_dir}:\n"
+        raise WheelNotFound(f"pip download of {requirement} succeeded but left no matching wheel:\n"
                             + proc.stdout[-1500:])
-    check_pin(hit, pins)
-    progress(f"  wheel: {hit} ({hit.stat().st_size / 1e6:.0f} MB)")
     return hit

@@ -95,23 +95,36 @@ def lms_sources(tag: str = TAG) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------
 # The wheel.
+def wheel_pins() -> dict[str, str]:
+    """{official wheel file name: sha256} of patches/tensorflow/<TAG>/profile.toml."""
+    from .. import catalog
+    return catalog.profile(catalog.framework("tensorflow"), TAG).wheel_sha256
+
+
 def wheel_file(cache: Path, py_version: str = WHEEL_PY) -> Path:
     """The tensorflow-cpu wheel for CPython ``py_version`` (default WHEEL_PY) in ``cache``
-    (downloaded once with pip, whatever Python runs this: the tools' one wheel downloader)."""
+    (downloaded once with pip, whatever Python runs this: the tools' one wheel downloader, which
+    checks it against the profile's pinned sha256 on every call, cached or not)."""
     from ..overlay.wheels import fetch_wheel
     return fetch_wheel(f"tensorflow-cpu=={TF_VERSION}", python_version=py_version, cache_dir=cache,
-                       progress=log)
+                       pins=wheel_pins(), progress=log)
 
 
 def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:
     """Returns a folder holding the wheel's ``include/`` and
-    ``libtensorflow_framework.so.2`` (downloaded once with pip, cached)."""
+    ``libtensorflow_framework.so.2`` (downloaded once with pip, cached). A wheel the caller
+    names is checked against the profile's pins as a downloaded one is (and left alone if it
+    does not match)."""
     out = cache / f"wheel-{TF_VERSION}"
     marker = out / ".complete"
     if marker.exists():
         return out
     cache.mkdir(parents=True, exist_ok=True)
-    wheel = wheel or wheel_file(cache)
+    if wheel:
+        from ..overlay.wheels import check_pin
+        check_pin(wheel, wheel_pins(), discard=False, progress=log)
+    else:
+        wheel = wheel_file(cache)
     log(f"extracting headers and libtensorflow_framework.so.2 from {wheel.name}")
     if out.exists():
         shutil.rmtree(out)

@@ -39,10 +39,18 @@ def log(msg: str) -> None:
     print(f"[tf_wiring_check] {msg}", flush=True)
 
 
+def wheel_pins() -> dict[str, str]:
+    """{official wheel file name: sha256} of patches/tensorflow/v<TF_VERSION>/profile.toml."""
+    from .. import catalog
+    return catalog.profile(catalog.framework("tensorflow"), "v" + TF_VERSION).wheel_sha256
+
+
 def wheel_file(cache: Path) -> Path:
-    """The GPU wheel (cp311, ~490 MB) in ``cache``, downloaded once with pip."""
+    """The GPU wheel (cp311, ~490 MB) in ``cache``, downloaded once with pip and checked against the
+    profile's pinned sha256 on every call (the tools' one wheel downloader)."""
     from ..overlay.wheels import fetch_wheel
-    return fetch_wheel(f"tensorflow=={TF_VERSION}", python_version="3.11", cache_dir=cache, progress=log)
+    return fetch_wheel(f"tensorflow=={TF_VERSION}", python_version="3.11", cache_dir=cache,
+                       pins=wheel_pins(), progress=log)
 
 
 def _dynamic_symbols(lib: Path) -> list[str]:
@@ -54,8 +62,13 @@ def _dynamic_symbols(lib: Path) -> list[str]:
 
 
 def ensure(cache: Path = DEFAULT_CACHE, wheel: Path | None = None) -> Path:
-    """Folder with the wheel's ``tensorflow/include`` and ``symbols/<lib>.txt``; made once."""
-    wheel = wheel or wheel_file(cache)
+    """Folder with the wheel's ``tensorflow/include`` and ``symbols/<lib>.txt``; made once. A wheel the
+    caller names is checked against the profile's pins as a downloaded one is."""
+    if wheel:
+        from ..overlay.wheels import check_pin
+        check_pin(wheel, wheel_pins(), discard=False, progress=log)
+    else:
+        wheel = wheel_file(cache)
     out = cache / f"gpu-wheel-{TF_VERSION}"
     marker = out / ".complete"
     if marker.exists() and marker.read_text().strip() == wheel.name:
