@@ -72,10 +72,12 @@ help:
 	@echo "  git mirror, a git URL, a source tarball (path or URL); e.g. SOURCE=debian where GitHub is unreachable."
 	@echo "More: $(PYTHON) -m build_tools --help"
 
-$(VENV)/bin/python: pyproject.toml
+# The tools and test dependencies (this repository's pyproject.toml), and activation swapping's own
+# package (lms-swap/: `import lms_swap`), both editable.
+$(VENV)/bin/python: pyproject.toml lms-swap/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	$(VENV)/bin/python -m pip install -q -e '.[test]' -e ./lms-swap
 	@touch $@
 
 setup: system-packages $(NEED_VENV)

@@ -155,8 +155,20 @@ def _tree_files(root: Path) -> dict[str, Path]:
             if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")}
 
 
+def _check_rel(path: Path, dest, name) -> None:
+    """Both sides of a shared.toml entry: relative paths without '.' or '..' parts."""
+    if any(not isinstance(s, str) or s.startswith("/") or {"", ".", ".."} & set(s.split("/"))
+           for s in (dest, name)):
+        raise LmsError(f"{path}: {dest!r} = {name!r}: both sides must be relative paths "
+                       f"without '.' or '..' parts")
+
+
 def _shared_files(fw: Framework) -> dict[str, Path]:
-    """patches/<fw>/shared.toml's [files]: upstream path -> file under patches/shared/."""
+    """patches/<fw>/shared.toml: upstream path -> file it places. [files] take files under
+    patches/shared/; [repo_files] and [folders] take them from folders of this repository outside
+    patches/ (the installable activation-swapping package, lms-swap/): a [repo_files] entry places one
+    file, a [folders] entry every file of a folder at the same path under the upstream folder, except
+    the files a [repo_files] entry places (each file lands once)."""
     path = patches_dir() / fw.name / "shared.toml"
     if not path.is_file():
         return {}
@@ -165,33 +177,65 @@ def _shared_files(fw: Framework) -> dict[str, Path]:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise LmsError(f"{path} is not valid TOML: {e}") from None
-    files = data.get("files", {})
-    if set(data) - {"files"} or not isinstance(files, dict):
+    tables = {"files": data.get("files", {}), "repo_files": data.get("repo_files", {}),
+              "folders": data.get("folders", {})}
+    if set(data) - set(tables) or not all(isinstance(t, dict) for t in tables.values()):
         raise LmsError(f"{path}: expected only a [files] table of \"<upstream path>\" = \"<file under "
-                       f"patches/shared/>\"")
+                       f"patches/shared/>\" and, for files kept outside patches/, [repo_files] "
+                       f"(\"<upstream path>\" = \"<file>\") and [folders] (\"<upstream folder>\" = "
+                       f"\"<folder>\"), both from the repository's root")
     shared = patches_dir() / "shared"
+    root = patches_dir().parent
     out = {}
-    for dest, name in files.items():
-        if any(not isinstance(s, str) or s.startswith("/") or {"", ".", ".."} & set(s.split("/"))
-               for s in (dest, name)):
-            raise LmsError(f"{path}: {dest!r} = {name!r}: both sides must be relative paths "
-                           f"without '.' or '..' parts")
+    for dest, name in tables["files"].items():
+        _check_rel(path, dest, name)
         if not (shared / name).is_file():
             raise LmsError(f"{path}: {dest} maps to patches/shared/{name}, which does not exist")
         out[dest] = shared / name
+    singles = {}
+    for dest, name in tables["repo_files"].items():
+        _check_rel(path, dest, name)
+        if not (root / name).is_file():
+            raise LmsError(f"{path}: {dest} maps to {name} (from the repository's root), which does not exist")
+        singles[dest] = root / name
+    for dest, name in tables["folders"].items():
+        _check_rel(path, dest, name)
+        if not (root / name).is_dir():
+            raise LmsError(f"{path}: folder {dest} maps to {name} (from the repository's root), which is "
+                           f"not a folder")
+        for rel, src in _tree_files(root / name).items():
+            if src not in singles.values():
+                _place(path, out, f"{dest}/{rel}", src)
+    for dest, src in singles.items():
+        _place(path, out, dest, src)
     return out
+
+
+def _place(path: Path, out: dict[str, Path], dest: str, src: Path) -> None:
+    """Record that shared.toml (`path`) places `src` at upstream `dest`; an upstream path takes one file."""
+    if dest in out:
+        raise LmsError(f"{path}: {dest} is placed twice, from {_shown(out[dest])} and from {_shown(src)}")
+    out[dest] = src
+
+
+def _shown(src: Path) -> str:
+    """A placed file as messages name it: under patches/ (shared/...), else from the repository's root."""
+    for base in (patches_dir(), patches_dir().parent):
+        if src.is_relative_to(base):
+            return src.relative_to(base).as_posix()
+    return str(src)
 
 
 def source_map(fw: Framework, tag: str | None = None) -> dict[str, Path]:
     """The LMS source files of the framework (and of `tag`, when given): upstream-relative path -> file
-    in patches/, sorted by path. Layers, in order: patches/<fw>/src/; the patches/shared/ files that
-    patches/<fw>/shared.toml places (never over a src/ file); patches/<fw>/<tag>/src/, which may
-    replace a file of the layers before for that tag."""
+    in patches/ (or lms-swap/), sorted by path. Layers, in order: patches/<fw>/src/; the patches/shared/
+    and lms-swap/ files that patches/<fw>/shared.toml places (never over a src/ file);
+    patches/<fw>/<tag>/src/, which may replace a file of the layers before for that tag."""
     files = _tree_files(patches_dir() / fw.name / "src")
     for dest, path in _shared_files(fw).items():
         if dest in files:
             raise LmsError(f"{dest} is both patches/{fw.name}/src/{dest} and, by patches/{fw.name}/shared.toml, "
-                           f"{path.relative_to(patches_dir()).as_posix()}",
+                           f"{_shown(path)}",
                            hint="keep one: delete the src/ file or the shared.toml entry")
         files[dest] = path
     if tag is not None:

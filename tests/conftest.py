@@ -234,9 +234,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.fixture(scope="session")
 def m():
-    """The activation-swapping package of this repository (patches/pytorch/src/torch/cuda/
-    lms_swap/), loaded on the installed PyTorch as the module ``lms_swap``."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "pytorch"))
-    from lms_swap_loader import load_lms_swap
-    return load_lms_swap(prefer_patched=False)
+    """The activation-swapping package of this repository (lms-swap/, which the patch also places
+    as torch.cuda.lms_swap), imported as ``lms_swap`` on the installed PyTorch: `make setup` installs
+    it, and pytest's pythonpath (pyproject.toml) puts this checkout's lms-swap/src first."""
+    import lms_swap
+    return lms_swap

@@ -24,10 +24,9 @@ MiB = 1 << 20
 
 def _rank_main(rank: int, world: int, rdzv: str, out: str) -> None:
     import os
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
+    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    from lms_swap_loader import load_lms_swap
-    lms_swap = load_lms_swap(prefer_patched=False)
+    import lms_swap
     nn = torch.nn
     dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
     try:

@@ -14,7 +14,7 @@ import torch
 
 nn = torch.nn
 MiB = 1 << 20
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples" / "pytorch"
+LMS_SWAP_SRC = pathlib.Path(__file__).resolve().parent.parent / "lms-swap" / "src"
 
 
 def _counting_swapper(m):
@@ -137,9 +137,8 @@ def test_a_process_that_swapped_exits(m, tmp_path):
     script = tmp_path / "swap_and_exit.py"
     script.write_text(
         "import sys, torch\n"
-        f"sys.path.insert(0, {str(EXAMPLES)!r})\n"
-        "from lms_swap_loader import load_lms_swap\n"
-        "lms = load_lms_swap(prefer_patched=False)\n"
+        f"sys.path.insert(0, {str(LMS_SWAP_SRC)!r})\n"
+        "import lms_swap as lms\n"
         "sw = lms.ActivationSwapper(device_type='cpu', policy='always', size_threshold=4096,\n"
         "                           host_limit=1 << 28, host_min_available=0)\n"
         "x = torch.randn(256, 256, requires_grad=True)\n"

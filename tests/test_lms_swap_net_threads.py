@@ -17,7 +17,7 @@ import pytest
 import torch  # a test dependency (pyproject.toml): missing, the module fails, it does not skip
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-GUARD_DIR = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda"
+GUARD_DIR = REPO / "lms-swap" / "src" / "lms_swap"  # lms_swap_guard.cpp
 HARNESS = REPO / "tests" / "lms_swap_net" / "fake_cuda_harness.cpp"
 
 

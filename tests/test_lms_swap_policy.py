@@ -1,4 +1,4 @@
-"""CPU tests of LMS activation swapping (patches/pytorch/src/torch/cuda/lms_swap/).
+"""CPU tests of LMS activation swapping (lms-swap/src/lms_swap/, placed by the patch as torch/cuda/lms_swap/).
 
 No GPU needed: the host pool runs unpinned, and the swapper runs its whole pack / unpack /
 prefetch / release machinery on CPU tensors (``device_type="cpu"``), with real torch

@@ -268,6 +268,46 @@ def test_tag_src_file_is_only_in_its_tag_and_replaces_the_framework_file(world):
     assert "diff --git a/profile.toml b/profile.toml" in new
 
 
+def test_a_folder_outside_patches_lands_under_its_upstream_folder_once(world):
+    """[folders] places every file of a folder of the repository (the installable activation-swapping
+    package) under an upstream folder; a file [repo_files] places elsewhere lands only there."""
+    root = world["patches"].parent
+    write(root, "pkg/src/mod/__init__.py", "X = 1\n")
+    write(root, "pkg/src/mod/sub/part.py", "Y = 2\n")
+    write(root, "pkg/src/mod/net.cpp", "// net\n")
+    write(root, "pkg/src/mod/__pycache__/part.cpython-311.pyc", "cache")
+    _share(world["patches"], '[files]\n"c10/cuda/impl/GateCore.inc" = "gate_core.inc"\n'
+           '[repo_files]\n"torch/cuda/mod_net.cpp" = "pkg/src/mod/net.cpp"\n'
+           '[folders]\n"torch/cuda/mod" = "pkg/src/mod"\n', {"gate_core.inc": GATE})
+    files = catalog.source_map(world["fw"], "v2.6.0")
+    placed = {rel: path for rel, path in files.items() if rel.startswith("torch/cuda/mod")}
+    assert placed == {"torch/cuda/mod/__init__.py": root / "pkg/src/mod/__init__.py",
+                      "torch/cuda/mod/sub/part.py": root / "pkg/src/mod/sub/part.py",
+                      "torch/cuda/mod_net.cpp": root / "pkg/src/mod/net.cpp"}
+    text = export.export(catalog.profile(world["fw"], "v2.6.0"), world["source"]).read_text()
+    for rel in placed:
+        assert f"diff --git a/{rel} b/{rel}\nnew file mode 100644\n" in text, rel
+    assert "pkg/src" not in text
+
+
+@pytest.mark.parametrize("toml,message", [
+    ('[folders]\n"torch/cuda/mod" = "pkg/src/nothing"\n', "maps to pkg/src/nothing (from the repository's root), "
+     "which is not a folder"),
+    ('[repo_files]\n"torch/cuda/x.cpp" = "pkg/src/none.cpp"\n', "maps to pkg/src/none.cpp"),
+    ('[folders]\n"torch/cuda/mod" = "../pkg"\n', "both sides must be relative paths"),
+    ('[repo_files]\n"torch/cuda/mod/__init__.py" = "pkg/other.py"\n[folders]\n"torch/cuda/mod" = "pkg/src/mod"\n',
+     "torch/cuda/mod/__init__.py is placed twice"),
+], ids=["missing-folder", "missing-file", "path-escapes", "twice"])
+def test_bad_folder_or_repo_file_is_an_error_naming_it(world, toml, message):
+    root = world["patches"].parent
+    write(root, "pkg/src/mod/__init__.py", "X = 1\n")
+    write(root, "pkg/other.py", "Z = 3\n")
+    _share(world["patches"], toml)
+    with pytest.raises(LmsError) as err:
+        catalog.source_map(world["fw"], "v2.6.0")
+    assert message in str(err.value)
+
+
 @pytest.mark.parametrize("toml,files,message", [
     ('[files]\n"c10/cuda/CUDALargeModelSupport.cpp" = "gate_core.inc"\n', {"gate_core.inc": GATE},
      "c10/cuda/CUDALargeModelSupport.cpp is both patches/pytorch/src/c10/cuda/CUDALargeModelSupport.cpp and, "

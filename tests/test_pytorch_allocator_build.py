@@ -250,7 +250,7 @@ def test_eviction_net_builds_in_its_c10_only_mode_against_the_patched_allocator(
     over it (guard_c_api.cpp) compile and link against the patched c10/c10_cuda: the
     conformance harness runs it over the patched allocator on a GPU (tests/conformance/pytorch_allocator, test_allocator_lms_first_then_the_net)."""
     b = builds["lms"]
-    guard_dir = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda"  # lms_swap_guard.cpp
+    guard_dir = REPO / "lms-swap" / "src" / "lms_swap"  # lms_swap_guard.cpp
     src = REPO / "tests" / "conformance" / "pytorch_allocator" / "guard_c_api.cpp"
     so = tmp_path / "guard.so"
     fmt = [f"-I{b.fmt_include}"] if b.fmt_include else []

@@ -1,9 +1,11 @@
 """Load LMS activation swapping on a patched or a stock PyTorch.
 
 On a PyTorch built with the LMS patch the module ships as ``torch.cuda.lms_swap``.
-On a stock PyTorch (>= 2.4) this loader imports the same package from this repository
-(``patches/pytorch/src/torch/cuda/lms_swap/``) under the name ``lms_swap``; it uses
-public torch APIs only, so nothing else is needed::
+On a stock PyTorch (>= 2.4) the same package installs on its own: ``pip install ./lms-swap``
+(from this repository's root), then ``import lms_swap``.  This loader takes, in order:
+``torch.cuda.lms_swap`` (when ``prefer_patched``), the installed ``lms_swap``, and else the
+package's folder in this checkout (``lms-swap/src/lms_swap/``) imported as ``lms_swap``; it
+uses public torch APIs only, so nothing else is needed::
 
     import sys; sys.path.insert(0, "examples/pytorch")     # or copy this file
     from lms_swap_loader import load_lms_swap
@@ -11,8 +13,8 @@ public torch APIs only, so nothing else is needed::
     lms_swap.enable()                 # or: with lms_swap.swapping(): ...
 
 ``LMS_SWAP_PATH=/path/to/lms_swap`` (the package's folder) points the loader at another
-copy.  ``load_lms_swap(prefer_patched=False)`` takes the repository's package even on a
-patched build (to test the code being edited).
+copy, before any installed one.  ``load_lms_swap(prefer_patched=False)`` skips
+``torch.cuda.lms_swap`` even on a patched build (to test the code being edited).
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ import pathlib
 import sys
 from types import ModuleType
 
-REPO_PACKAGE = (pathlib.Path(__file__).resolve().parents[2]
-                / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap")
+REPO_PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "lms-swap" / "src" / "lms_swap"
 MODULE_NAME = "lms_swap"
 
 
 def load_lms_swap(prefer_patched: bool = True) -> ModuleType:
     """The activation-swapping module: ``torch.cuda.lms_swap`` when the running
-    PyTorch has it (and ``prefer_patched``), else the repository's package."""
+    PyTorch has it (and ``prefer_patched``), else the package at ``$LMS_SWAP_PATH``, the
+    installed ``lms_swap`` (the lms-swap distribution), or this checkout's folder."""
     if prefer_patched:
         try:
             return importlib.import_module("torch.cuda.lms_swap")
@@ -39,7 +41,13 @@ def load_lms_swap(prefer_patched: bool = True) -> ModuleType:
             pass
     if MODULE_NAME in sys.modules:
         return sys.modules[MODULE_NAME]
-    path = pathlib.Path(os.environ.get("LMS_SWAP_PATH", REPO_PACKAGE))
+    if not os.environ.get("LMS_SWAP_PATH"):
+        try:
+            return importlib.import_module(MODULE_NAME)
+        except ModuleNotFoundError as e:
+            if e.name != MODULE_NAME:  # installed, but something it imports is missing
+                raise
+    path = pathlib.Path(os.environ.get("LMS_SWAP_PATH") or REPO_PACKAGE)
     init = path / "__init__.py"
     if not init.is_file():
         raise ImportError(f"the lms_swap package (its __init__.py) is not at {path} "

@@ -1,7 +1,8 @@
 """Fixtures for the GPU conformance tests of LMS activation swapping (lms_swap).
 
-They load the repository's ``patches/pytorch/src/torch/cuda/lms_swap/`` (the package that
-ships in the patch, through ``examples/pytorch/lms_swap_loader.py``) on whatever PyTorch is installed (stock torch 2.11 on the GPU machine).
+They import the repository's activation-swapping package (``lms-swap/``, the same files the patch
+places as ``torch.cuda.lms_swap``) as ``lms_swap`` on whatever PyTorch is installed (stock torch 2.11
+on the GPU machine).
 """
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _load():
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
-    from lms_swap_loader import load_lms_swap
-    return load_lms_swap(prefer_patched=False)
+    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
+    import lms_swap
+    return lms_swap
 
 
 @pytest.fixture(scope="session")

@@ -45,10 +45,10 @@ def main() -> None:
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank = dist.get_rank()
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
+    sys.path.insert(0, str(REPO / "examples" / "pytorch"))  # ddp_lms
+    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
     from ddp_lms import wrap  # the example's DDP / fully_shard wrapping
-    from lms_swap_loader import load_lms_swap
-    lms_swap = load_lms_swap(prefer_patched=False)
+    import lms_swap
     g = torch.Generator(device="cuda").manual_seed(100 + rank)   # each rank its own data
     x = torch.randn(32, 3, 96, 96, device="cuda", generator=g)
     y = torch.randint(0, 10, (32,), device="cuda", generator=g)

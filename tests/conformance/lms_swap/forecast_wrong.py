@@ -31,9 +31,9 @@ N, H, LAYERS, STEPS, JUMP_AT = 16384, 4096, 8, 8, 5
 
 
 def load_lms_swap():
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
-    from lms_swap_loader import load_lms_swap as load
-    return load(prefer_patched=False)
+    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
+    import lms_swap
+    return lms_swap
 
 
 def model():

@@ -15,15 +15,15 @@ import sys
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "examples" / "pytorch"))
-sys.path.insert(0, str(REPO / "examples" / "pytorch" / "benchmarks"))
-from lms_swap_loader import load_lms_swap  # noqa: E402
+sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
+sys.path.insert(0, str(REPO / "examples" / "pytorch" / "benchmarks"))  # loops
+import lms_swap  # noqa: E402
 import loops  # noqa: E402
 
 
 def main():
     name, batch, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    lms = load_lms_swap(prefer_patched=False)
+    lms = lms_swap
     out = {"status": "ok", "done": 0}
     try:
         loop = loops.build(name, batch)

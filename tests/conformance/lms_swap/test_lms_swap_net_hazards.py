@@ -75,8 +75,7 @@ so = sys.argv[1]
 alloc = torch.cuda.memory.CUDAPluggableAllocator(so, "lms_test_malloc", "lms_test_free")
 torch.cuda.memory.change_current_allocator(alloc)
 sys.path.insert(0, sys.argv[2])
-from lms_swap_loader import load_lms_swap
-lms = load_lms_swap(prefer_patched=False)
+import lms_swap as lms
 
 def run(ctx):
     torch.manual_seed(0)
@@ -105,9 +104,9 @@ def test_a_pluggable_allocator_leaves_the_net_off_with_one_warning(cuda_only, tm
     if shutil.which("g++") is None:
         missing("no g++")
     from torch.utils.cpp_extension import CUDA_HOME, include_paths
-    sys.path.insert(0, str(REPO / "examples" / "pytorch"))
-    from lms_swap_loader import load_lms_swap
-    inc = load_lms_swap(prefer_patched=False).guard._cuda_include_dirs()
+    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
+    import lms_swap
+    inc = lms_swap.guard._cuda_include_dirs()
     src = tmp_path / "alloc.cpp"
     src.write_text(PLUGGABLE_C)
     so = tmp_path / "alloc.so"
@@ -118,7 +117,7 @@ def test_a_pluggable_allocator_leaves_the_net_off_with_one_warning(cuda_only, tm
                    check=True)
     script = tmp_path / "run.py"
     script.write_text(PLUGGABLE_PY)
-    p = subprocess.run([sys.executable, str(script), str(so), str(REPO / "examples" / "pytorch")],
+    p = subprocess.run([sys.executable, str(script), str(so), str(REPO / "lms-swap" / "src")],
                        capture_output=True, text=True, timeout=600)
     out = _last_json(p)
     assert out["equal"], out

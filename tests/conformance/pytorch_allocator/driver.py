@@ -131,7 +131,7 @@ def sc_oversubscribe(L, lms="1", factor="2.0", chunk_mb="1024"):
 
 def _guard(L):
     """lms_swap's eviction net, built into the probe library in its c10-only mode
-    (patches/pytorch/src/torch/cuda/lms_swap_guard.cpp, LMS_GUARD_C10_ONLY)."""
+    (lms-swap/src/lms_swap/lms_swap_guard.cpp, LMS_GUARD_C10_ONLY)."""
     g, U, I = L.p, ctypes.c_ulonglong, ctypes.c_int
     g.lms_guard_error.restype = ctypes.c_char_p
     g.lms_guard_set_host_budget.argtypes = [ctypes.c_longlong] * 3

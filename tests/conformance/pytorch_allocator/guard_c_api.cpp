@@ -1,4 +1,4 @@
-// lms_swap's eviction net (patches/pytorch/src/torch/cuda/lms_swap_guard.cpp) in its
+// lms_swap's eviction net (lms-swap/src/lms_swap/lms_swap_guard.cpp) in its
 // c10-only mode, with the C API this harness drives over ctypes (driver.py): slots and
 // plain blocks allocated through the caching allocator's `allocate`, their device and
 // host addresses, and the net's counters.  Compiled into the probe library with the

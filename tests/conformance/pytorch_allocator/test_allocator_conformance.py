@@ -48,7 +48,7 @@ BANDWIDTH_FLOORS = {
 # (recorded 3.8-6.6 us, runs 119-171) and what the gate adds to it (recorded -0.6 to 1.5 us)
 LAUNCH_GATE_MAX_US = 12.0
 LAUNCH_GATE_MAX_ADDED_US = 3.0
-GUARD_DIR = REPO / "patches" / "pytorch" / "src" / "torch" / "cuda"  # lms_swap_guard.cpp
+GUARD_DIR = REPO / "lms-swap" / "src" / "lms_swap"  # lms_swap_guard.cpp
 GUARD_API = HERE / "guard_c_api.cpp"  # the net in its c10-only mode, with its C API
 COMPAT_INCLUDES = ("-include", "stdexcept", "-include", "cstdint")
 

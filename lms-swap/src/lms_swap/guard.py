@@ -1,4 +1,4 @@
-"""The eviction net (``lms_swap_guard.cpp``, next to this package): the kept tensors' way
+"""The eviction net (``lms_swap_guard.cpp``, shipped with this package): the kept tensors' way
 out when the forecast fails.  Built once per PyTorch version with ``torch.utils.cpp_extension``."""
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from typing import Any, Dict, List, Optional
 import torch
 
 
-# the source ships next to this package: torch/cuda/lms_swap_guard.cpp
-GUARD_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "lms_swap_guard.cpp")
+# the source ships inside this package when it is installed on its own (package data of the
+# lms-swap distribution), next to it in a PyTorch tree (torch/cuda/lms_swap_guard.cpp)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+GUARD_SOURCE = next((p for p in (os.path.join(_HERE, "lms_swap_guard.cpp"),
+                                 os.path.join(os.path.dirname(_HERE), "lms_swap_guard.cpp"))
+                     if os.path.isfile(p)), os.path.join(_HERE, "lms_swap_guard.cpp"))
 _guard_state: Dict[str, Any] = {}
 _guard_lock = threading.Lock()
 

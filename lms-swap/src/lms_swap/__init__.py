@@ -41,8 +41,9 @@ Use, on a PyTorch built with the LMS patch::
 
     torch.cuda.set_enabled_lms(True)      # allocator LMS + this layer (calls enable())
 
-on any PyTorch >= 2.4 (this file imported on its own, see examples/pytorch/lms_swap_loader.py)::
+on any PyTorch >= 2.4 (the lms-swap distribution: ``pip install ./lms-swap``)::
 
+    import lms_swap
     lms_swap.enable()                     # for the calling thread, until disable()
     with lms_swap.swapping(prefetch_depth=4):   # or scoped
         loss = model(x).sum()

@@ -1,0 +1,148 @@
+"""Activation swapping as a package of its own (lms-swap/): its wheel installs into a fresh venv on the
+host's stock PyTorch and swaps bitwise like stock on CPU, with the eviction net's source inside it; the
+patch factory places the same files as torch/cuda/lms_swap/; the examples' loader finds it."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from build_tools import catalog
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "lms-swap"
+SRC = PACKAGE / "src" / "lms_swap"
+
+SWAP_PY = r"""
+import contextlib, importlib.metadata as md, json, os
+import torch
+import lms_swap
+
+def run(ctx):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128),
+                              torch.nn.GELU(), torch.nn.Linear(128, 8))
+    x = torch.randn(32, 64)
+    with ctx:
+        loss = net(x).pow(2).sum()
+    loss.backward()
+    return [loss.detach()] + [p.grad for p in net.parameters()]
+
+ref = run(contextlib.nullcontext())
+sw = lms_swap.ActivationSwapper(device_type="cpu", policy="always", size_threshold=0,
+                                host_limit=1 << 28, host_min_available=0)
+got = run(sw)
+files = [str(f) for f in md.files("lms-swap")]
+print(json.dumps({"file": lms_swap.__file__, "guard": lms_swap.GUARD_SOURCE,
+                  "guard_is_file": os.path.isfile(lms_swap.GUARD_SOURCE),
+                  "version": md.version("lms-swap"), "files": files,
+                  "swapped": sw.stats()["swap.out_count"],
+                  "bitwise": all(torch.equal(a, b) for a, b in zip(got, ref))}))
+"""
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_swaps_bitwise_on_cpu(tmp_path):
+    """Build the wheel from a copy of lms-swap/ (the folder is self-contained; nothing is written into
+    the checkout), install it into a fresh venv that sees the host's torch, and train a step."""
+    src = tmp_path / "lms-swap"
+    shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build"))
+    wheels = tmp_path / "wheels"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        str(src), "-w", str(wheels)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [whl] = wheels.glob("lms_swap-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    assert "lms_swap/lms_swap_guard.cpp" in names and "lms_swap/__init__.py" in names, names
+    assert {n.split("/")[0] for n in names} <= {"lms_swap", whl.name.split("-")[0] + "-" + whl.name.split("-")[1]
+                                                + ".dist-info"}, names
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                   check=True, timeout=300)
+    py = venv / "bin" / "python"
+    # torch from the host: the running interpreter's (itself perhaps a venv, which --system-site-packages
+    # does not reach), after the new venv's own site-packages
+    site = pathlib.Path(subprocess.check_output(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True).strip())
+    import torch
+    (site / "host_torch.pth").write_text(str(pathlib.Path(torch.__file__).resolve().parent.parent) + "\n")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+                        "-q", str(whl)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LMS_SWAP_PATH")}
+    r = subprocess.run([str(py), "-c", SWAP_PY], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    installed = site / "lms_swap"
+    assert pathlib.Path(out["file"]).resolve() == (installed / "__init__.py").resolve(), out["file"]
+    assert out["guard_is_file"] and pathlib.Path(out["guard"]).resolve() == \
+        (installed / "lms_swap_guard.cpp").resolve(), out["guard"]
+    assert "lms_swap/lms_swap_guard.cpp" in out["files"], out["files"]
+    assert out["version"] == "0.1.0"
+    assert out["swapped"] > 0, "the swapper swapped nothing"
+    assert out["bitwise"], "loss or gradients differ from stock"
+
+
+def test_the_patch_places_the_packages_files_as_torch_cuda_lms_swap():
+    """One source, two placements: every file of lms-swap/src/lms_swap/ lands under torch/cuda/lms_swap/
+    in the PyTorch trees, except the eviction net's source, which lands next to it, where guard.py looks
+    in a PyTorch tree."""
+    files = catalog.source_map(catalog.framework("pytorch"), "v2.6.0")
+    placed = {rel: path for rel, path in files.items() if rel.startswith("torch/cuda/lms_swap")}
+    ours = sorted(p.name for p in SRC.iterdir() if p.is_file() and not p.name.endswith(".pyc"))
+    assert "lms_swap_guard.cpp" in ours and "__init__.py" in ours
+    assert placed == {**{f"torch/cuda/lms_swap/{n}": SRC / n for n in ours if n != "lms_swap_guard.cpp"},
+                      "torch/cuda/lms_swap_guard.cpp": SRC / "lms_swap_guard.cpp"}
+    assert not (REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap").exists()
+    patch = (REPO / "patches" / "pytorch_v2.6.0_large_model_support.patch").read_text()
+    for rel in placed:
+        assert f"diff --git a/{rel} b/{rel}\nnew file mode 100644\n" in patch, rel
+    assert "lms-swap/src" not in patch, "the patch names upstream paths only"
+
+
+def test_guard_source_is_found_inside_the_package_and_next_to_it(tmp_path):
+    """guard.py looks for lms_swap_guard.cpp inside the package (an install of lms-swap) and next to
+    it (torch/cuda/ in a PyTorch tree)."""
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import lms_swap; print(lms_swap.GUARD_SOURCE)"
+    for layout in ("installed", "torch_tree"):
+        root = tmp_path / layout
+        shutil.copytree(SRC, root / "lms_swap", ignore=shutil.ignore_patterns("__pycache__", "lms_swap_guard.cpp"))
+        cpp = (root / "lms_swap" if layout == "installed" else root) / "lms_swap_guard.cpp"
+        shutil.copy2(SRC / "lms_swap_guard.cpp", cpp)
+        r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert pathlib.Path(r.stdout.strip().splitlines()[-1]) == cpp, (layout, r.stdout)
+
+
+@pytest.mark.parametrize("how", ["checkout", "LMS_SWAP_PATH"])
+def test_the_examples_loader_finds_the_package(tmp_path, how):
+    """examples/pytorch/lms_swap_loader.py on a stock PyTorch: the installed lms_swap, else this
+    checkout's folder; $LMS_SWAP_PATH names another copy."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LMS_SWAP_PATH")}
+    want = SRC
+    if how == "LMS_SWAP_PATH":
+        want = tmp_path / "copy_of_lms_swap"
+        shutil.copytree(SRC, want, ignore=shutil.ignore_patterns("__pycache__"))
+        env["LMS_SWAP_PATH"] = str(want)
+    else:  # an installed lms_swap comes first (`make setup` installs this checkout's, editable)
+        r = subprocess.run([sys.executable, "-c", "import importlib.util as u; s = u.find_spec('lms_swap'); "
+                            "print(s.origin if s else '')"], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path, env=env)
+        installed = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
+        want = pathlib.Path(installed).parent if installed else SRC
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from lms_swap_loader import load_lms_swap; "
+            "m = load_lms_swap(prefer_patched=False); print(m.__name__, m.__file__, hasattr(m, 'ActivationSwapper'))")
+    r = subprocess.run([sys.executable, "-c", code, str(REPO / "examples" / "pytorch")], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    name, file, has = r.stdout.strip().splitlines()[-1].split()
+    assert name == "lms_swap" and has == "True"
+    assert pathlib.Path(file).resolve() == (want / "__init__.py").resolve(), file
