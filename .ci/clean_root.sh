@@ -15,7 +15,7 @@
 # Needs root (debootstrap, chroot, mount). Exit status: that of the command, or 2 for set-up errors.
 set -euo pipefail
 
-SUITE=${LMS_CI_SUITE:-bookworm}
+SUITE=${LMS_CI_SUITE:-trixie}  # Debian 13 (Python 3.13); Debian 12 is the fresh-machine check's
 BASE_PACKAGES="python3,python3-venv,python3-pip,make,gcc,g++,git,ca-certificates"
 KEYRING=${LMS_CI_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
 # The only pip settings passed in from the host's environment: where the packages are and how to reach
