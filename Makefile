@@ -16,7 +16,7 @@ DRY_RUN ?=
 # Make expands `$` in a value given on the command line (`TORCH='$(shell ...)'` would run at once), so
 # their raw text must hold none; tags, MODE and JOBS take only their own characters; paths and URLs
 # (SOURCE, PATCH) may hold anything else, spaces included, and reach the shell single-quoted (q).
-USER_VARS  := TORCH TF MODE JOBS SOURCE PATCH PATCH_SHA256 DRY_RUN
+USER_VARS  := TORCH TF MODE JOBS SOURCE PATCH PATCH_SHA256 DRY_RUN TREE_ONLY
 $(foreach v,$(USER_VARS),$(if $(findstring $$,$(value $v)),$(error $v must not contain `$$`)))
 _empty :=
 _space := $(_empty) $(_empty)

@@ -33,10 +33,12 @@ def test_a_shell_command_in_torch_is_refused_and_runs_nothing(value, tmp_path):
 
 
 @pytest.mark.parametrize("var,value", [("MODE", "overlay;id"), ("JOBS", "2;id"), ("TF", "v2.14.1 x"),
-                                       ("PATCH_SHA256", "abc;id"), ("SOURCE", "$(shell id)")])
+                                       ("PATCH_SHA256", "abc;id"), ("SOURCE", "$(shell id)"),
+                                       ("TREE_ONLY", "$(shell touch injected)")])
 def test_other_variables_are_checked(var, value, tmp_path):
     r = make("build", "TORCH=v2.6.0", f"{var}={value}", "DRY_RUN=1", env_extra={"LMS_CACHE_DIR": str(tmp_path)})
     assert r.returncode != 0 and var in r.stdout, r.stdout
+    assert not (ROOT / "injected").exists()
 
 
 def test_a_patch_path_with_spaces_and_quotes_works(tmp_path):
