@@ -17,7 +17,7 @@ import torch
 
 __all__ = ["allocated", "reserved", "peak_allocated", "counted_by_allocator"]
 
-_driver_view: Dict[int, bool] = {}  # device -> the allocator keeps no counters
+_counted: Dict[int, bool] = {}      # device -> its allocator keeps counters
 _driver_peak: Dict[int, int] = {}   # device -> highest in-use value read from the driver
 
 
@@ -31,13 +31,13 @@ def _in_use(index: int) -> int:
 
 def counted_by_allocator(index: int) -> bool:
     """Whether the allocator of device ``index`` keeps its own counters."""
-    if index not in _driver_view:
+    if index not in _counted:
         try:
             torch.cuda.memory_allocated(index)
-            _driver_view[index] = False
+            _counted[index] = True
         except RuntimeError:
-            _driver_view[index] = True
-    return not _driver_view[index]
+            _counted[index] = False
+    return _counted[index]
 
 
 def allocated(index: int) -> int:

@@ -39,6 +39,7 @@ class _Releaser:
         self._q: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self._device: Optional[int] = None  # the device the releasing thread made current
         self.pending = 0
         self.errors = 0
         self.on_pending = None  # called with each change of `pending` (bytes)
@@ -79,7 +80,7 @@ class _Releaser:
                     self._thread.start()
                     atexit.register(self.wait)
         if inline:
-            self._release([item], [None])
+            self._release([item])
         else:
             self._q.put(item)
 
@@ -88,15 +89,14 @@ class _Releaser:
             self._q.join()
 
     def _run(self) -> None:
-        current = [None]  # the device this thread last made current
         while True:
             box = [self._q.get()]
             try:
-                self._release(box, current)
+                self._release(box)
             finally:
                 self._q.task_done()
 
-    def _release(self, box: list, current: list) -> None:
+    def _release(self, box: list) -> None:
         """Gives back the buffer queued in ``box`` (taken out of it, so that the last
         reference is dropped here): unpin, then unmap; a driver error is counted, not
         raised."""
@@ -108,10 +108,10 @@ class _Releaser:
             if event is not None:
                 event.synchronize()
             if device is not None:
-                if device != current[0]:
+                if device != self._device:
                     # the pool's device, never a context of device 0 created here
                     torch.cuda.set_device(device)
-                    current[0] = device
+                    self._device = device
                 if int(torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())) != 0:
                     self.errors += 1
             if release_fn is not None:

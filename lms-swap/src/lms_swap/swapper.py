@@ -39,7 +39,7 @@ def _no_history(t: torch.Tensor) -> torch.Tensor:
     pass with autograd on, a loss never differentiated) then stayed on the device for
     good: 13 GiB per evaluation pass of a Llama at batch 4 on the H100.  Autograd puts
     the history back when it unpacks, as for any tensor a hook returns."""
-    return t.detach() if t.requires_grad else t
+    return t.detach() if t.requires_grad and not t.is_leaf else t
 
 
 def _in_backward() -> bool:
@@ -281,13 +281,20 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
 
     # -- pack ------------------------------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
+        """The pack hook: what :meth:`_pack_tensor` keeps goes to autograd without its
+        history (_no_history), whichever way it was kept."""
+        packed = self._pack_tensor(t)
+        return _no_history(t) if packed is t else packed
+
+    def _pack_tensor(self, t: torch.Tensor) -> Any:
+        """A handle for ``t`` (swapped, or kept evictable by the net), or ``t`` itself
+        where it stays as it is."""
         cfg = self.config
         if t.is_leaf and t.requires_grad:
-            return t  # parameters: autograd made nothing here, so no cycle (_no_history)
+            return t  # parameters
         if (cfg.policy == "never" or t.device.type != cfg.device_type
                 or not _plain_bytes(t) or type(t) is not torch.Tensor):
-            # (subclasses: DTensor, fake tensors, ...)
-            return _no_history(t)
+            return t  # (subclasses: DTensor, fake tensors, ...)
         nbytes = t.numel() * t.element_size()
         with self._lock:
             if _in_backward():
@@ -301,13 +308,13 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                 self._enter_profile(self._state(t), t)
             if nbytes < cfg.size_threshold or nbytes == 0:
                 self.c["small_count"] += 1
-                return _no_history(t)
+                return t
             if cfg.dedupe:
                 ent = self._dedupe.get(id(t))
                 if ent is not None and ent[0]() is t and ent[1] == t._version:
                     if ent[2] is None:
                         self.c["dedupe_hits"] += 1
-                        return _no_history(t)
+                        return t
                     h = ent[2]()
                     if h is not None and h.owner is not None:
                         self.c["dedupe_hits"] += 1
@@ -359,12 +366,12 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         self.c["backward_saves"] += 1
         if (nbytes < self.config.size_threshold or nbytes == 0 or not _dense_span(t)
                 or t.device.type != "cuda"):
-            return _no_history(t)
+            return t
         storage_bytes = _storage_bytes(t)
         if storage_bytes and nbytes < self.config.min_storage_fraction * storage_bytes:
-            return _no_history(t)
+            return t
         h = self._keep_evictable(t, nbytes)
-        return _no_history(t) if h is None else h
+        return t if h is None else h
 
     def _note_handle(self, h: Any) -> None:
         """Remembers the newest object this forward gave autograd to hold (a handle, or
