@@ -70,14 +70,18 @@ help:
 	@echo "  make conformance                    GPU conformance suite on this machine's GPU; report in build/conformance/"
 	@echo "SOURCE: where upstream trees come from. Default: the official git remotes. Also: debian, a local"
 	@echo "  git mirror, a git URL, a source tarball (path or URL); e.g. SOURCE=debian where GitHub is unreachable."
-	@echo "More: $(PYTHON) -m build_tools --help"
+	@echo "All commands and options (runs before make setup; after it also $(VENV)/bin/lms-build --help):"
+	@echo "$(if $(filter $(ROOT),$(CURDIR)),,cd $(call q,$(ROOT)) && )$(PYTHON) -m build_tools --help"
 
 # The tools and test dependencies (this repository's pyproject.toml), and activation swapping's own
 # package (lms-swap/: `import lms_swap`), both editable.
 $(VENV)/bin/python: pyproject.toml lms-swap/pyproject.toml
+	@echo "==> making the virtualenv $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[test]' -e ./lms-swap
+	@echo "==> pip install: the tools, the test dependencies (CPU torch, CUDA headers) and lms-swap into $(VENV);"
+	@echo "    the first time this downloads for minutes: pip names each package as it goes"
+	$(VENV)/bin/python -m pip install -e '.[test]' -e ./lms-swap
 	@touch $@
 
 setup: system-packages $(NEED_VENV)

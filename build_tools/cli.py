@@ -204,7 +204,9 @@ def cmd_build(args) -> int:
 # ---- parser -----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m build_tools", description=DESCRIPTION, epilog=EPILOG,
+    # the console script `lms-build` (pyproject.toml) names itself; `python -m build_tools` otherwise
+    prog = "lms-build" if Path(sys.argv[0]).name == "lms-build" else "python -m build_tools"
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"LMS build tools {LMS_VERSION}")
     p.add_argument("--cache-dir", help="where downloads and imported repos are kept (default: $LMS_CACHE_DIR "

@@ -27,11 +27,10 @@ import dataclasses
 import glob
 import os
 import pathlib
-import subprocess
-import sys
 import sysconfig
 from typing import Iterable, Sequence
 
+from ..progress import run_streamed, step
 from ..tools import find_tool, interpreter_bin
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -129,6 +128,7 @@ def build_c10(
       tests: also build upstream's ``c10/cuda/test`` gtest binaries (needs nvcc and gtest).
       gtest_root: googletest source dir or install prefix (default: find_package(GTest)).
       jobs: ninja -j (default: CPU count).
+      quiet: show ninja's progress every few seconds (stderr); False: every line of it.
       cxx_compiler_launcher: e.g. "ccache" or "sccache" (compiler caching).
       c10_library: tree mode with targets=("c10_cuda",): link against this already built libc10.so
         (e.g. to build a pristine libc10_cuda.so next to a patched one for an ABI comparison).
@@ -233,16 +233,15 @@ def build_c10(
     log = build_dir / "c10_build.log"
     cfg = [cmake, "-G", "Ninja", "-S", str(HERE), "-B", str(build_dir)] + [f"-D{k}={v}" for k, v in defs.items()]
     bld = [cmake, "--build", str(build_dir), "--", f"-j{jobs or os.cpu_count() or 2}"]
+    step(f"compiling {' and '.join(f'lib{t}.so' for t in targets)} of {tree} (CMake + ninja; log {log})")
     with open(log, "w") as fh:
-        for cmd in (cfg, bld):
+        for cmd, label in ((cfg, "cmake configure"), (bld, "c10 compile")):
             fh.write("$ " + " ".join(cmd) + "\n")
             fh.flush()
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            fh.write(proc.stdout)
-            if not quiet:
-                sys.stdout.write(proc.stdout)
+            # ninja's "[n/total] ..." lines are passed through while it compiles (every one unless quiet)
+            proc = run_streamed(cmd, label, log=fh, every=None if quiet else 0)
             if proc.returncode != 0:
-                tail = "\n".join(proc.stdout.splitlines()[-60:])
+                tail = "\n".join(proc.output.splitlines()[-60:])
                 raise C10BuildError(f"cmake {cmd[1]} failed (rc={proc.returncode}); log {log}:\n{tail}")
     libs = {t: build_dir / f"lib{t}.so" for t in targets}
     for t, p in libs.items():

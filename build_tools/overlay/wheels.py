@@ -29,6 +29,7 @@ from packaging.version import Version
 from ..catalog import REPO_ROOT
 from ..errors import LmsError
 from ..fetch import file_sha256
+from ..progress import run_streamed
 
 __all__ = ["DEFAULT_CACHE", "WheelNotFound", "cached_wheel", "check_pin", "fetch_wheel", "interpreter_tags",
            "python_version"]
@@ -160,20 +161,21 @@ def _download(requirement: str, cmd: list[str], python: str | None, python_versi
               staging: Path) -> Path:
     """Run `cmd` (pip download into `staging`) and return the wheel it left there."""
     cmd = cmd + ["--no-deps", "--only-binary=:all:", "--progress-bar", "off"]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    # a torch wheel is hundreds of MB: pip's lines (and a line while it is silent) show it working
+    proc = run_streamed(cmd, f"pip download {requirement}",
+                        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if proc.returncode != 0:
         name, version = _split_req(requirement)
-        avail = re.search(r"\(from versions: ([^)]*)\)", proc.stdout)
+        avail = re.search(r"\(from versions: ([^)]*)\)", proc.output)
         raise WheelNotFound(
             f"no official wheel {requirement} for Python {pyver} on this platform "
             f"(pip download failed).\n  pip said: "
-            + "\n  ".join(line for line in proc.stdout.splitlines() if "ERROR" in line)[-800:]
+            + "\n  ".join(line for line in proc.output.splitlines() if "ERROR" in line)[-800:]
             + (f"\n  versions pip can see for this interpreter: {avail.group(1)}" if avail else ""),
             hint=(f"use a Python for which {name} {version} publishes wheels, or the full source build "
                   f"(`make build TORCH=<tag> MODE=full`)"))
     hit = cached_wheel(requirement, python, staging, version_target=python_version)
     if not hit:
         raise WheelNotFound(f"pip download of {requirement} succeeded but left no matching wheel:\n"
-                            + proc.stdout[-1500:])
+                            + proc.output[-1500:])
     return hit

@@ -18,7 +18,7 @@ from .. import catalog, gitutil
 from ..catalog import Framework
 from ..errors import LmsError
 from ..fetch import fetch, is_url
-from ..progress import info, step
+from ..progress import info, run_streamed, step
 from . import debian, tarball
 
 
@@ -125,9 +125,12 @@ def _fetch_tag(src: Source, tag: str) -> str:
     args = ["fetch", "--no-tags", "--progress"]
     if not local.exists():
         args.append("--depth=1")  # a release tree, not its history: minutes instead of an hour
-    r = gitutil.run(repo, *args, str(src.location), f"+{ref}:{ref}", check=False, isolated=False)
+    # git's own progress (objects counted, received, resolved) is passed through while it runs;
+    # the user's git configuration applies (proxies, mirrors), messages in English for the checks below
+    r = run_streamed(["git", "-C", str(repo), *args, str(src.location), f"+{ref}:{ref}"], f"git fetch {tag}",
+                     env={**os.environ, "LC_ALL": "C", "LANGUAGE": "C"})
     if not r.ok:
-        err = r.err.strip().splitlines()
+        err = r.output.replace("\r", "\n").strip().splitlines()
         if any("couldn't find remote ref" in l or "not our ref" in l for l in err):
             raise LmsError(f"{src.location} has no tag {tag}",
                            hint="check the tag name (tags look like v2.6.0), or pass --source with a tree that has it")
