@@ -16,7 +16,7 @@ DRY_RUN ?=
 # Make expands `$` in a value given on the command line (`TORCH='$(shell ...)'` would run at once), so
 # their raw text must hold none; tags, MODE and JOBS take only their own characters; paths and URLs
 # (SOURCE, PATCH) may hold anything else, spaces included, and reach the shell single-quoted (q).
-USER_VARS  := TORCH TF MODE JOBS SOURCE PATCH PATCH_SHA256 DRY_RUN TREE_ONLY
+USER_VARS  := TORCH TF MODE JOBS SOURCE PATCH PATCH_SHA256 DRY_RUN TREE_ONLY TORCH_PYTHON CONDA
 $(foreach v,$(USER_VARS),$(if $(findstring $$,$(value $v)),$(error $v must not contain `$$`)))
 _empty :=
 _space := $(_empty) $(_empty)
@@ -50,7 +50,7 @@ SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-
                   xz-utils git ccache binutils python3-dev
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-packages build verify patches check-patches tags test conformance clean
+.PHONY: help setup system-packages build lms-swap verify patches check-patches tags test conformance clean
 
 help:
 	@echo "LMS build tools. Targets:"
@@ -62,6 +62,10 @@ help:
 	@echo "                                      PATCH=<file or URL>: your own patch, on any tag; a tag with"
 	@echo "                                      no shipped patch and no PATCH starts from the nearest, rebased;"
 	@echo "                                      PATCH_SHA256=<hex>: the hash it must have (required for http://)"
+	@echo "  make lms-swap [TORCH_PYTHON=<python>] [CONDA=1]"
+	@echo "                                      lms-swap wheel into dist/, its eviction net compiled for the torch"
+	@echo "                                      of TORCH_PYTHON (default: the tools' own; a CUDA build of torch);"
+	@echo "                                      CONDA=1: also its .conda package in the channel dist/conda"
 	@echo "  make verify [SOURCE=...]            apply every committed patch to its tag, print a table"
 	@echo "  make patches [SOURCE=...]           regenerate patches/*.patch from the LMS sources"
 	@echo "  make check-patches [SOURCE=...]     fail if a committed patch differs from a fresh export"
@@ -104,6 +108,9 @@ else ifdef TF
 else
 	@echo "error: say what to build: make build TORCH=<tag> or make build TF=<tag>"; $(TOOLS) tags; exit 2
 endif
+
+lms-swap: | $(NEED_VENV)
+	$(TOOLS) lms-swap $(if $(TORCH_PYTHON),--python $(call q,$(TORCH_PYTHON))) $(if $(CONDA),--conda $(call q,$(ROOT)/dist/conda))
 
 verify: | $(NEED_VENV)
 	$(TOOLS) verify $(SOURCE_ARG)

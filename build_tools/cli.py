@@ -35,6 +35,7 @@ examples:
   python -m build_tools apply pytorch v2.6.0 --dest ../pytorch-lms
   python -m build_tools export --check --source debian
   python -m build_tools rebase pytorch --onto v2.7.0 --source ~/src/pytorch --dest ../pt-2.7
+  python -m build_tools lms-swap --python /usr/bin/python3 --conda dist/conda
 """
 
 
@@ -201,6 +202,15 @@ def cmd_build(args) -> int:
     return 0
 
 
+def cmd_lms_swap(args) -> int:
+    from . import lms_swap_wheel
+    built = lms_swap_wheel.build(args.python, Path(args.dist), net=not args.no_net)
+    if args.conda:
+        pkg = lms_swap_wheel.to_conda(built.path, Path(args.conda))
+        print(f"conda package: {pkg.path}")
+    return 0
+
+
 # ---- parser -----------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,6 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--patch-sha256", metavar="HEX",
                     help="the sha256 the --patch file must have (required for an http:// URL; https is checked "
                          "by TLS alone without it)")
+    sp = add("lms-swap", cmd_lms_swap, "build the lms-swap wheel (activation swapping for stock PyTorch) with its "
+             "eviction net compiled for the torch of --python: version 0.1.0+torch<X.Y.Z>.<cuNNN>, for that torch "
+             "alone (needs a CUDA build of torch, a C++ compiler and the CUDA runtime headers; no GPU)",
+             framework=False, tag=False, source=False)
+    sp.add_argument("--python", default=sys.executable,
+                    help="the interpreter whose torch to build for (default: this one)")
+    sp.add_argument("--dist", default=str(catalog.REPO_ROOT / "dist"), help="where the wheel goes (default: dist/)")
+    sp.add_argument("--no-net", action="store_true",
+                    help="the pure-Python wheel (0.1.0, any torch >= 2.4): the net is compiled at first use")
+    sp.add_argument("--conda", metavar="CHANNEL",
+                    help="also make its .conda package into this local channel folder (indexed)")
     return p
 
 

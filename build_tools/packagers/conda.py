@@ -51,7 +51,7 @@ CONDA_NAMES = {
     "nvidia-cublas-cu12": "libcublas", "nvidia-cufft-cu12": "libcufft",
     "nvidia-curand-cu12": "libcurand", "nvidia-cusolver-cu12": "libcusolver",
     "nvidia-cusparse-cu12": "libcusparse", "nvidia-cusparselt-cu12": "libcusparselt",
-    "nvidia-nccl-cu12": "nccl", "nvidia-nvtx-cu12": "cuda-nvtx", "nvidia-nvjitlink-cu12": "libnvjitlink",
+    "nvidia-nccl-cu12": "nccl", "torch": "pytorch", "nvidia-nvtx-cu12": "cuda-nvtx", "nvidia-nvjitlink-cu12": "libnvjitlink",
     "typing-extensions": "typing_extensions", "opt-einsum": "opt_einsum",
 }
 
@@ -127,13 +127,18 @@ def _console_scripts(ep_text: str | None) -> dict[str, str]:
 
 def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_version: str | None = None,
                    subdir: str = "linux-64", build_number: int = 0, glibc: str | None = None,
-                   cuda: str | None = None, compression_level: int = 3, progress=print) -> CondaPackage:
+                   cuda: str | None = None, compression_level: int = 3, variant: str | None = None,
+                   license: str = "BSD-3-Clause", about: dict | None = None, run_exports: dict | None = None,
+                   progress=print) -> CondaPackage:
     """Make `<out_dir>/<subdir>/<name>-<version>-<build>.conda` from `wheel` (see module doc).
 
     The conda version is the wheel's public version (2.6.0); the local part (+lms1) goes into the
     build string (lms1_cuda124_py311_0), the conda convention for variants of one version.
     glibc: minimum glibc from the wheel's manylinux tag (-> depends "__glibc >=X").
     python_version: default: the wheel's own CPython tag (cp310 -> 3.10), else this Python's.
+    variant: the build string before its number, where the default above does not fit (another
+    package than PyTorch); license, about (about.json) and run_exports: the package's own, where it
+    is not the patched PyTorch (whose are the defaults).
     """
     from conda_package_handling import api as cph
 
@@ -152,8 +157,9 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
         if cuda is None and "torch/version.py" in zf.namelist():
             mm = re.search(r"^cuda\s*(?::[^=]*)?=\s*'([0-9.]+)'", zf.read("torch/version.py").decode(), re.M)
             cuda = mm.group(1) if mm else None
-        variant = "_".join(x for x in (local.replace(".", "_") if local else "",
-                                       f"cuda{cuda.replace('.', '')}" if cuda else "cpu", f"py{py_nodot}") if x)
+        variant = variant or "_".join(x for x in (local.replace(".", "_") if local else "",
+                                                  f"cuda{cuda.replace('.', '')}" if cuda else "cpu",
+                                                  f"py{py_nodot}") if x)
         build = f"{variant}_{build_number}"
         depends = [f"python >={python_version},<{python_version.split('.')[0]}.{int(python_version.split('.')[1]) + 1}.0a0",
                    f"python_abi {python_version}.* *_cp{py_nodot}"]
@@ -164,8 +170,8 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
         depends += conda_depends(reqs, python_version)
         index = {
             "name": name, "version": public, "build": build, "build_number": build_number,
-            "depends": sorted(set(depends)), "constrains": [], "license": "BSD-3-Clause",
-            "license_family": "BSD", "platform": subdir.split("-")[0], "arch": "x86_64" if subdir.endswith("64") else subdir.split("-")[1],
+            "depends": sorted(set(depends)), "constrains": [], "license": license,
+            "license_family": license.split("-")[0], "platform": subdir.split("-")[0], "arch": "x86_64" if subdir.endswith("64") else subdir.split("-")[1],
             "subdir": subdir, "timestamp": int(wheel.stat().st_mtime * 1000),
         }
         sp = f"lib/python{python_version}/site-packages"
@@ -214,7 +220,7 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
             (info_dir / "files").write_text("\n".join(files) + "\n")
             if has_prefix:
                 (info_dir / "has_prefix").write_text("\n".join(has_prefix) + "\n")
-            about = {
+            about = about or {
                 "home": "https://pytorch.org", "license": "BSD-3-Clause", "license_family": "BSD",
                 "summary": f"PyTorch {public} with Large Model Support (LMS) in the CUDA caching allocator",
                 "description": ("Official PyTorch wheel of this version with libc10_cuda.so rebuilt from the LMS "
@@ -226,7 +232,8 @@ def wheel_to_conda(wheel: Path, out_dir: Path, *, name: str = "pytorch", python_
             (info_dir / "about.json").write_text(json.dumps(about, indent=2, sort_keys=True) + "\n")
             # Extensions compiled against these headers need the same PyTorch minor release.
             maj, mi = public.split(".")[:2]
-            run_exports = {"weak": [f"{name} >={public},<{maj}.{int(mi) + 1}.0a0"]}
+            if run_exports is None:
+                run_exports = {"weak": [f"{name} >={public},<{maj}.{int(mi) + 1}.0a0"]}
             (info_dir / "run_exports.json").write_text(json.dumps(run_exports, indent=2) + "\n")
             (info_dir / "recipe" / "wheel.json").write_text(json.dumps(
                 {"wheel": wheel.name, "dist_name": dist_name, "requires_dist": reqs}, indent=2) + "\n")

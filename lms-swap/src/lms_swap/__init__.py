@@ -161,6 +161,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -226,8 +227,27 @@ def enable(**kw: Any) -> None:
         sw.config.validate()  # the environment's settings fail here, not at the first swap
     if getattr(_tls, "enabled", False):
         return
+    _say_when_nothing_to_swap(sw)
     sw.__enter__()
     _tls.enabled = True
+
+
+_told_no_cuda = False
+
+
+def _say_when_nothing_to_swap(sw: ActivationSwapper) -> None:
+    """Once per process: :func:`enable` for CUDA where PyTorch sees no CUDA device works (the
+    hooks are in place, training runs as without them) but swaps nothing, which is said."""
+    global _told_no_cuda
+    if _told_no_cuda or sw.config.device_type != "cuda" or torch.cuda.is_available():
+        return
+    _told_no_cuda = True
+    why = ("has no CUDA support" if torch.version.cuda is None
+           else "sees no CUDA device")
+    warnings.warn(f"LMS activation swapping is enabled, but this PyTorch ({torch.__version__}) "
+                  f"{why}: tensors on the CPU are already in host memory, so nothing is swapped "
+                  f"(enable(device_type='cpu') swaps CPU tensors, as the tests do)",
+                  RuntimeWarning, stacklevel=3)
 
 
 def disable() -> None:

@@ -1,16 +1,25 @@
 """The eviction net (``lms_swap_guard.cpp``, shipped with this package): the kept tensors' way
-out when the forecast fails.  Built once per PyTorch version with ``torch.utils.cpp_extension``."""
+out when the forecast fails.  A wheel built with the net carries it compiled for its torch
+(``prebuilt``); otherwise it is compiled at first use, once per PyTorch version, with
+``torch.utils.cpp_extension``."""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
+import time
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
+from . import prebuilt
+from .net_toolchain import (_cuda_include_dirs, cpu_only_reason, missing_cuda_headers,  # noqa: F401
+                            unsupported_reason)
+
+# refused here, before anything else of the package runs: a prebuilt net of another torch
+prebuilt.check_at_import()
 
 # the source ships inside this package when it is installed on its own (package data of the
 # lms-swap distribution), next to it in a PyTorch tree (torch/cuda/lms_swap_guard.cpp)
@@ -22,43 +31,8 @@ _guard_state: Dict[str, Any] = {}
 _guard_lock = threading.Lock()
 
 
-def _cuda_include_dirs() -> List[str]:
-    """Where the CUDA runtime headers are: a CUDA toolkit, else NVIDIA's wheels (the
-    runtime wheel, which PyTorch's CUDA wheels depend on, has ``cuda_runtime_api.h``; the
-    ``crt/`` headers it includes come with the compiler wheel, nvidia-cuda-nvcc-cu12, or
-    nvidia-cuda-crt for CUDA 13)."""
-    dirs = []
-    try:
-        from torch.utils.cpp_extension import CUDA_HOME
-    except Exception:  # pragma: no cover - broken torch install
-        CUDA_HOME = None
-    for root in filter(None, (CUDA_HOME, os.environ.get("CUDA_HOME"))):
-        dirs.append(os.path.join(root, "include"))
-    for base in sys.path:
-        for sub in ("nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include",
-                    "nvidia/cu13/include", "nvidia/cu12/include"):
-            dirs.append(os.path.join(base, sub))
-    return [d for d in dict.fromkeys(dirs)
-            if any(os.path.isfile(os.path.join(d, h))
-                   for h in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")))]
-
-
-def unsupported_reason() -> Optional[str]:
-    """Why this PyTorch cannot host the eviction net, or None.  The net learns of every
-    allocation through the caching allocator's trace trackers
-    (``attachAllocatorTraceTracker``), which PyTorch 1.x's allocator lacks: asked from the
-    installed headers, so a build that back-ports them is not refused."""
-    from torch.utils import cpp_extension
-    for d in cpp_extension.include_paths():
-        header = os.path.join(d, "c10", "cuda", "CUDACachingAllocator.h")
-        if os.path.isfile(header):
-            with open(header, encoding="utf-8", errors="replace") as f:
-                if "attachAllocatorTraceTracker" in f.read():
-                    return None
-            return (f"PyTorch {torch.__version__}'s caching allocator has no trace trackers "
-                    f"(attachAllocatorTraceTracker, PyTorch >= 2.1), which the eviction net "
-                    f"needs; swapping runs on its forecast alone")
-    return None  # no headers found: the build itself says what is missing
+def _extension_name() -> str:
+    return "lms_swap_guard_" + torch.__version__.replace(".", "_").replace("+", "_")
 
 
 def build_guard(verbose: bool = False) -> Any:
@@ -71,25 +45,52 @@ def build_guard(verbose: bool = False) -> Any:
     if reason:
         raise RuntimeError(reason)
     inc = _cuda_include_dirs()
-    for header in ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h")):
-        if not any(os.path.isfile(os.path.join(d, header)) for d in inc):
-            # NVIDIA's wheel with the crt/ headers: CUDA 12's compiler wheel, CUDA 13's own
-            wheel = ("nvidia-cuda-crt" if (torch.version.cuda or "").startswith("13")
-                     else "nvidia-cuda-nvcc-cu12")
-            raise RuntimeError(
-                f"the CUDA runtime headers are incomplete ({header} not found): install a "
-                f"CUDA toolkit and set CUDA_HOME, or `pip install {wheel}` of CUDA "
-                f"{torch.version.cuda}")
-    return cpp_extension.load(
-        name="lms_swap_guard_" + torch.__version__.replace(".", "_").replace("+", "_"),
-        sources=[GUARD_SOURCE], extra_include_paths=inc,
-        extra_cflags=["-O2"], verbose=verbose)
+    reason = missing_cuda_headers(inc) or cpu_only_reason()
+    if reason:
+        raise RuntimeError(reason)
+    return cpp_extension.load(name=_extension_name(), sources=[GUARD_SOURCE],
+                              extra_include_paths=inc, extra_cflags=["-O2"], verbose=verbose)
+
+
+def _say(text: str) -> None:
+    # stderr, not a warning: it tells of a wait, and must not count among the net's warnings
+    print(f"LMS activation swapping: {text}", file=sys.stderr, flush=True)
+
+
+def _compile_at_first_use(why: str) -> Any:
+    """:func:`build_guard`, saying beforehand why it compiles and how long that takes, and
+    afterwards how long it took (nothing is said where the compiled net is reused)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        folder = _get_build_directory(_extension_name(), False)
+        cached = any(n.endswith(".so") for n in os.listdir(folder))
+    except Exception:  # the private helper moved, or the folder is not there yet
+        folder, cached = os.environ.get("TORCH_EXTENSIONS_DIR", "TORCH_EXTENSIONS_DIR"), False
+    if not cached:
+        _say(f"compiling the eviction net ({os.path.basename(GUARD_SOURCE)}) for torch "
+             f"{torch.__version__} because {why}; this takes one to three minutes (one C++ "
+             f"file against torch's headers), once: later runs reuse {folder}")
+    t0 = time.monotonic()
+    mod = build_guard()
+    if not cached:
+        _say(f"eviction net compiled in {time.monotonic() - t0:.0f} s")
+    return mod
+
+
+def _load_net() -> Any:
+    """The prebuilt net where this install has one that loads, else the net compiled here."""
+    why = prebuilt.absence_reason()
+    try:
+        mod = prebuilt.load()
+    except Exception as e:  # present but unloadable: compile instead, and say why
+        mod, why = None, f"the prebuilt net does not load ({type(e).__name__}: {e})"
+    return mod if mod is not None else _compile_at_first_use(why)
 
 
 def load_guard(required: bool = False) -> Any:
-    """The compiled eviction net (built once per PyTorch version with
-    ``torch.utils.cpp_extension``; cached in ``TORCH_EXTENSIONS_DIR``), or None where it
-    cannot be built (no C++ compiler, no CUDA headers, no CUDA): swapping then runs on
+    """The eviction net: the wheel's prebuilt one, else compiled here (once per PyTorch
+    version with ``torch.utils.cpp_extension``; cached in ``TORCH_EXTENSIONS_DIR``), or None
+    where it cannot be had (no C++ compiler, no CUDA headers, no CUDA): swapping then runs on
     its forecast alone, and :func:`stats` says so (``guard.active`` 0).  ``required``
     raises instead."""
     with _guard_lock:
@@ -105,7 +106,7 @@ def load_guard(required: bool = False) -> Any:
                 raise RuntimeError(reason)
             if not torch.cuda.is_available():
                 raise RuntimeError("CUDA is not available")
-            mod = build_guard()
+            mod = _load_net()
         except Exception as e:  # the job goes on without the net; stats show it
             err = f"LMS activation swapping: eviction net not built ({type(e).__name__}: {e})"
             warnings.warn(err + "; a wrong forecast can then end in CUDA out of memory",

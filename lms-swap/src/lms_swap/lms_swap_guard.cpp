@@ -1,5 +1,6 @@
-// The activation layer's net under the CUDA caching allocator (built on first use by
-// torch/cuda/lms_swap/guard.py with torch.utils.cpp_extension; any PyTorch >= 2.4).
+// The activation layer's net under the CUDA caching allocator (compiled into the lms-swap wheel
+// by lms-swap/setup.py, else on first use by guard.py with torch.utils.cpp_extension; any
+// PyTorch >= 2.4).
 //
 // lms_swap decides from a forecast which saved activations go to host memory.  A wrong
 // forecast must cost speed, never the job.  Every saved activation the policy keeps on

@@ -18,9 +18,9 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _load():
-    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
-    import lms_swap
-    return lms_swap
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from swap_package import import_lms_swap  # the checkout's package, or the installed one
+    return import_lms_swap()
 
 
 @pytest.fixture(scope="session")

@@ -46,9 +46,10 @@ def main() -> None:
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank = dist.get_rank()
     sys.path.insert(0, str(REPO / "examples" / "pytorch"))  # ddp_lms
-    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from ddp_lms import wrap  # the example's DDP / fully_shard wrapping
-    import lms_swap
+    from swap_package import import_lms_swap  # the checkout's package, or the installed one
+    lms_swap = import_lms_swap()
     g = torch.Generator(device="cuda").manual_seed(100 + rank)   # each rank its own data
     x = torch.randn(32, 3, 96, 96, device="cuda", generator=g)
     y = torch.randint(0, 10, (32,), device="cuda", generator=g)

@@ -31,9 +31,9 @@ N, H, LAYERS, STEPS, JUMP_AT = 16384, 4096, 8, 8, 5
 
 
 def load_lms_swap():
-    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
-    import lms_swap
-    return lms_swap
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from swap_package import import_lms_swap  # the checkout's package, or the installed one
+    return import_lms_swap()
 
 
 def model():

@@ -15,9 +15,9 @@ import sys
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
 sys.path.insert(0, str(REPO / "examples" / "pytorch" / "benchmarks"))  # loops
-import lms_swap  # noqa: E402
+from swap_package import import_lms_swap  # noqa: E402  (the checkout's package, or the installed one)
+lms_swap = import_lms_swap()
 import loops  # noqa: E402
 
 

@@ -75,7 +75,8 @@ so = sys.argv[1]
 alloc = torch.cuda.memory.CUDAPluggableAllocator(so, "lms_test_malloc", "lms_test_free")
 torch.cuda.memory.change_current_allocator(alloc)
 sys.path.insert(0, sys.argv[2])
-import lms_swap as lms
+from swap_package import import_lms_swap
+lms = import_lms_swap()
 
 def run(ctx):
     torch.manual_seed(0)
@@ -104,8 +105,9 @@ def test_a_pluggable_allocator_leaves_the_net_off_with_one_warning(cuda_only, tm
     if shutil.which("g++") is None:
         missing("no g++")
     from torch.utils.cpp_extension import CUDA_HOME, include_paths
-    sys.path.insert(0, str(REPO / "lms-swap" / "src"))  # this checkout's package, installed or not
-    import lms_swap
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from swap_package import import_lms_swap  # the checkout's package, or the installed one
+    lms_swap = import_lms_swap()
     inc = lms_swap.guard._cuda_include_dirs()
     src = tmp_path / "alloc.cpp"
     src.write_text(PLUGGABLE_C)
@@ -117,7 +119,7 @@ def test_a_pluggable_allocator_leaves_the_net_off_with_one_warning(cuda_only, tm
                    check=True)
     script = tmp_path / "run.py"
     script.write_text(PLUGGABLE_PY)
-    p = subprocess.run([sys.executable, str(script), str(so), str(REPO / "lms-swap" / "src")],
+    p = subprocess.run([sys.executable, str(script), str(so), str(pathlib.Path(__file__).resolve().parent)],
                        capture_output=True, text=True, timeout=600)
     out = _last_json(p)
     assert out["equal"], out

@@ -1,0 +1,92 @@
+"""What compiling the eviction net (``lms_swap_guard.cpp``) needs besides a C++ compiler: a
+PyTorch whose caching allocator has trace trackers, and the CUDA runtime headers.  Used at run
+time (``guard.build_guard``) and at build time (``lms-swap/setup.py`` loads this file on its
+own, so it imports nothing of this package)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import List, Optional
+
+import torch
+
+# the headers the net includes from CUDA: cuda_runtime_api.h includes crt/host_defines.h
+CUDA_HEADERS = ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h"))
+
+
+def _cuda_include_dirs() -> List[str]:
+    """Where the CUDA runtime headers are: a CUDA toolkit, else NVIDIA's wheels (the
+    runtime wheel, which PyTorch's CUDA wheels depend on, has ``cuda_runtime_api.h``; the
+    ``crt/`` headers it includes come with the compiler wheel, nvidia-cuda-nvcc-cu12, or
+    nvidia-cuda-crt for CUDA 13)."""
+    dirs = []
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+    except Exception:  # pragma: no cover - broken torch install
+        CUDA_HOME = None
+    for root in filter(None, (CUDA_HOME, os.environ.get("CUDA_HOME"))):
+        dirs.append(os.path.join(root, "include"))
+    for base in sys.path:
+        for sub in ("nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include",
+                    "nvidia/cu13/include", "nvidia/cu12/include"):
+            dirs.append(os.path.join(base, sub))
+    return [d for d in dict.fromkeys(dirs)
+            if any(os.path.isfile(os.path.join(d, h)) for h in CUDA_HEADERS)]
+
+
+def missing_cuda_headers(include_dirs: List[str]) -> Optional[str]:
+    """What to install where ``include_dirs`` lack a CUDA header the net includes, or None."""
+    for header in CUDA_HEADERS:
+        if not any(os.path.isfile(os.path.join(d, header)) for d in include_dirs):
+            # NVIDIA's wheel with the crt/ headers: CUDA 12's compiler wheel, CUDA 13's own
+            wheel = ("nvidia-cuda-crt" if (torch.version.cuda or "").startswith("13")
+                     else "nvidia-cuda-nvcc-cu12")
+            return (f"the CUDA runtime headers are incomplete ({header} not found): install a "
+                    f"CUDA toolkit and set CUDA_HOME, or `pip install {wheel}` of CUDA "
+                    f"{torch.version.cuda}")
+    return None
+
+
+def cuda_headers_version(include_dirs: List[str]) -> Optional[str]:
+    """``major.minor`` of the CUDA runtime headers the compiler sees first (CUDART_VERSION)."""
+    for d in include_dirs:
+        path = os.path.join(d, "cuda_runtime_api.h")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", f.read())
+            if m:
+                v = int(m.group(1))
+                return f"{v // 1000}.{v % 1000 // 10}"
+    return None
+
+
+def cpu_only_reason() -> Optional[str]:
+    """Why this torch's headers cannot compile the net, where it is a CPU-only build (its
+    c10/cuda headers include a CUDA configuration header that only CUDA builds ship), or None."""
+    from torch.utils import cpp_extension
+    config = os.path.join("c10", "cuda", "impl", "cuda_cmake_macros.h")
+    if any(os.path.isfile(os.path.join(d, config)) for d in cpp_extension.include_paths()):
+        return None
+    return (f"torch {torch.__version__} is a CPU-only build (its headers lack {config}): the "
+            f"eviction net runs under the CUDA caching allocator and is compiled against a CUDA "
+            f"build of torch")
+
+
+def unsupported_reason() -> Optional[str]:
+    """Why this PyTorch cannot host the eviction net, or None.  The net learns of every
+    allocation through the caching allocator's trace trackers
+    (``attachAllocatorTraceTracker``), which PyTorch 1.x's allocator lacks: asked from the
+    installed headers, so a build that back-ports them is not refused."""
+    from torch.utils import cpp_extension
+    for d in cpp_extension.include_paths():
+        header = os.path.join(d, "c10", "cuda", "CUDACachingAllocator.h")
+        if os.path.isfile(header):
+            with open(header, encoding="utf-8", errors="replace") as f:
+                if "attachAllocatorTraceTracker" in f.read():
+                    return None
+            return (f"PyTorch {torch.__version__}'s caching allocator has no trace trackers "
+                    f"(attachAllocatorTraceTracker, PyTorch >= 2.1), which the eviction net "
+                    f"needs; swapping runs on its forecast alone")
+    return None  # no headers found: the build itself says what is missing

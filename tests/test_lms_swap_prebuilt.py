@@ -1,0 +1,135 @@
+"""The lms-swap wheel as `python -m build_tools lms-swap` makes it, in a fresh venv that holds only the
+host's stock torch (CPU): it installs, imports, enable() says plainly that a CPU-only torch has nothing
+to swap, and uninstalling leaves nothing behind; its conda package installs into a prefix and imports.
+A wheel whose prebuilt net was made for another torch is refused at import, and a CPU-only torch is
+refused as a target for the net with the reason. (The net compiled into the wheel and loaded without a
+compiler: tests/conformance/lms_swap/test_lms_swap_prebuilt_gpu.py.)"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LMS_SWAP_PATH", "LMS_SWAP_IGNORE_PREBUILT")}
+
+PROBE = r"""
+import json, sys, warnings
+import torch
+import lms_swap
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    lms_swap.enable()
+    x = torch.randn(8, 8, requires_grad=True)
+    (x.sin() * x).sum().backward()
+    lms_swap.disable()
+print(json.dumps({"file": lms_swap.__file__, "warnings": [str(m.message) for m in w],
+                  "prebuilt": lms_swap.guard.prebuilt.record(), "grad": x.grad is not None}))
+"""
+
+
+def _run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=kw.pop("env", ENV), **kw)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def _probe(py, env=None):
+    r = _run([str(py), "-c", PROBE], env=env or ENV, cwd="/")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The pure-Python wheel and its conda channel, made by the build tools' command."""
+    out = tmp_path_factory.mktemp("lms-swap-build")
+    _run([sys.executable, "-m", "build_tools", "lms-swap", "--no-net", "--dist", str(out / "dist"),
+          "--conda", str(out / "channel")], cwd=REPO, env={**ENV, "PYTHONPATH": str(REPO)})
+    [whl] = (out / "dist").glob("lms_swap-*.whl")
+    return whl, out / "channel"
+
+
+@pytest.fixture
+def fresh_venv(tmp_path):
+    """A venv with nothing but the host's torch (on a .pth line after its own site-packages)."""
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    py = venv / "bin" / "python"
+    site = pathlib.Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+                        .stdout.strip())
+    (site / "host_torch.pth").write_text(str(pathlib.Path(torch.__file__).resolve().parent.parent) + "\n")
+    return py, site
+
+
+def _tree(root: pathlib.Path) -> set:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_the_wheel_installs_imports_enables_on_cpu_and_uninstalls_cleanly(built, fresh_venv):
+    whl, _ = built
+    assert whl.name == "lms_swap-0.1.0-py3-none-any.whl"
+    assert "lms_swap/prebuilt.py" in zipfile.ZipFile(whl).namelist()
+    py, site = fresh_venv
+    before = _tree(site)
+    pip = [sys.executable, "-m", "pip", "--python", str(py)]
+    _run(pip + ["install", "--no-deps", "--no-index", "-q", str(whl)])
+    out = _probe(py)
+    assert pathlib.Path(out["file"]).resolve() == (site / "lms_swap" / "__init__.py").resolve()
+    assert out["grad"] and out["prebuilt"] is None
+    if not torch.cuda.is_available():
+        said = [m for m in out["warnings"] if "nothing is swapped" in m]
+        assert len(said) == 1 and torch.__version__ in said[0], out["warnings"]
+    _run(pip + ["uninstall", "-y", "-q", "lms-swap"])
+    assert _tree(site) == before, _tree(site) - before
+
+
+def test_the_conda_package_installs_into_a_prefix_and_imports(built, fresh_venv, tmp_path):
+    from build_tools.packagers import conda
+    _, channel = built
+    [pkg] = (channel / "linux-64").glob("lms-swap-0.1.0-*.conda")
+    prefix = tmp_path / "prefix"
+    installed = conda.install(channel, prefix, "lms-swap ==0.1.0", cache_dir=tmp_path / "pkgs")
+    assert installed == [f"lms-swap 0.1.0 {pkg.name[len('lms-swap-0.1.0-'):-len('.conda')]}"]
+    meta = json.loads(next((prefix / "conda-meta").glob("lms-swap-0.1.0-*.json")).read_text())
+    assert "pytorch >=2.4" in meta["depends"] and meta["license"] == "Apache-2.0", meta
+    sp = prefix / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    py, _ = fresh_venv
+    out = _probe(py, env={**ENV, "PYTHONPATH": str(sp)})
+    assert pathlib.Path(out["file"]) == sp / "lms_swap" / "__init__.py" and out["grad"]
+
+
+def test_a_prebuilt_net_for_another_torch_is_refused_at_import(built, tmp_path):
+    """A wheel's record names the torch its net was compiled against; under another torch the import
+    fails and says what to install; LMS_SWAP_IGNORE_PREBUILT=1 imports it without the net."""
+    whl, _ = built
+    target = tmp_path / "target"
+    with zipfile.ZipFile(whl) as zf:
+        zf.extractall(target)
+    other = "2.0.1+cu118"  # older than any torch lms-swap supports
+    (target / "lms_swap" / "_net_build.json").write_text(json.dumps(
+        {"torch": other, "torch_cuda": "11.8", "cuda_headers": "11.8"}))
+    code = "import lms_swap; print(lms_swap.guard.prebuilt.load())"
+    env = {**ENV, "PYTHONPATH": str(target)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    assert r.returncode != 0
+    assert "ImportError: lms_swap cannot be used here: it was built for torch " + other in r.stderr, r.stderr
+    assert f"and this is torch {torch.__version__}" in r.stderr and "pip install ./lms-swap" in r.stderr
+    r = _run([sys.executable, "-c", code], env={**env, "LMS_SWAP_IGNORE_PREBUILT": "1"}, cwd="/")
+    assert r.stdout.strip().splitlines()[-1] == "None"
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch: the net compiles "
+                    "(tests/conformance/lms_swap/test_lms_swap_prebuilt_gpu.py)")
+def test_the_net_is_not_built_for_a_cpu_only_torch(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "build_tools", "lms-swap", "--dist", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=900, env={**ENV, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"error: cannot compile the eviction net: torch {torch.__version__} is a CPU-only build" in r.stderr
+    assert not list(tmp_path.glob("*.whl"))
