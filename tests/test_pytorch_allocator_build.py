@@ -345,3 +345,75 @@ def test_torch_cuda_exports_and_memory_stats_merge(builds):
             assert fn in names, f"{fn} not exported from torch.cuda"
     mem = (tree / "torch/cuda/memory.py").read_text()
     assert "_lms._merge_memory_stats(" in mem and "_lms._reset_peak_stats(device)" in mem
+
+
+RULE_INPUTS = [
+    # (PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB, LOCAL_WORLD_SIZE, host bytes); None: unset
+    (None, None, 64 << 30), (None, "8", 64 << 30), (None, "1", 1001), (None, "0", 123456789),
+    (None, "zero", 1 << 40), (None, "+4", 1 << 40), (None, " 4", 1 << 40), (None, "", 3),
+    (None, "3", (1 << 53) - 1), (None, "12", 0), ("", "2", 10 << 30), ("   ", None, 10 << 30),
+    ("0", "4", 10 << 30), ("64", "8", 0), ("1.5", None, 1), (" 2_048 ", "2", 1), ("1e3", None, 1),
+    ("+7.25", None, 1), ("-0", None, 1), (".5", None, 1), ("5.", None, 1), ("1_000.5", None, 1),
+    ("3000", "16", 1 << 40),
+    # refused by both
+    ("abc", None, 1), ("nan", None, 1), ("inf", None, 1), ("-inf", None, 1), ("-5", None, 1),
+    ("-1e-3", None, 1), ("1e400", None, 1), ("0x10", None, 1), ("1__0", None, 1), ("_1", None, 1),
+    ("1_", None, 1), ("1 0", None, 1), ("12abc", None, 1), ("nan(1)", None, 1), ("1p3", None, 1),
+]
+
+RULE = """
+import ctypes, json, os, sys
+d = sys.argv[1]
+ctypes.CDLL(os.path.join(d, "libc10.so"), mode=ctypes.RTLD_GLOBAL)
+L = ctypes.CDLL(os.path.join(d, "libc10_cuda.so"))
+U = ctypes.c_ulonglong
+L.c10_lms_host_budget_rule.argtypes = [ctypes.c_char_p, ctypes.c_char_p, U, ctypes.POINTER(U), ctypes.c_char_p, U]
+out = []
+for limit, lws, host in json.loads(os.environ["RULE_INPUTS"]):
+    v, err = U(0), ctypes.create_string_buffer(1024)
+    rc = L.c10_lms_host_budget_rule(None if limit is None else limit.encode(), None if lws is None else lws.encode(),
+                                    host, ctypes.byref(v), err, 1024)
+    out.append([rc, v.value, err.value.decode()])
+print(json.dumps(out))
+"""
+
+
+def test_host_budget_rule_agrees_with_lms_swaps_copy(builds):
+    """The host budget's rule is the allocator's (c10_lms_host_budget_rule); lms_swap keeps a copy
+    for stock torch (lms_swap.environment.host_budget_rule). Both give the same budget, and refuse
+    the same limits, for the same inputs."""
+    from lms_swap import environment as env
+    got = _run_py(RULE, builds, RULE_INPUTS=json.dumps(RULE_INPUTS))
+    got = got if isinstance(got, list) else []
+    assert len(got) == len(RULE_INPUTS)
+    for (limit, lws, host), (rc, value, err) in zip(RULE_INPUTS, got):
+        try:
+            want = env.host_budget_rule(limit, lws, host)
+        except ValueError as e:
+            assert rc == -1, (limit, lws, host, value)
+            assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB" in err and "MiB" in err, err
+            assert ("not finite" in err) == ("not finite" in str(e)), (err, str(e))
+            assert ("negative" in err) == ("negative" in str(e)), (err, str(e))
+            continue
+        assert rc == 0 and value == want, (limit, lws, host, value, want)
+
+
+PY_RULE = """
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("lms_mod", os.environ["LMS_PY"])
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+r = {"rule": m._host_budget_rule("64", "2", 1 << 30), "default": m._host_budget_rule(None, "4", 1000)}
+try:
+    m._host_budget_rule("abc", None, 1)
+    r["bad"] = ""
+except ValueError as e:
+    r["bad"] = str(e)
+print(json.dumps(r))
+"""
+
+
+def test_torch_cuda_lms_asks_the_allocators_rule(builds):
+    py = builds["tree"] / "torch" / "cuda" / "lms.py"
+    r = _run_py(PY_RULE, builds, LMS_PY=str(py), PYTORCH_LMS_LIBC10_CUDA=str(builds["lms"].libraries["c10_cuda"]))
+    assert r["rule"] == 64 << 20 and r["default"] == 800 // 4
+    assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB='abc'" in r["bad"], r

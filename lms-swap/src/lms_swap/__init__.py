@@ -119,9 +119,11 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     bytes of pinned host memory for swap space, per process.  Default: env
     ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` (shared with the allocator's host spill), else
     80% of the machine's RAM, shared equally by the processes on the node
-    (:func:`local_world_size`: torchrun's ``LOCAL_WORLD_SIZE``).  On a patched build the
-    allocator's ``torch.cuda.lms._host_reserve``/``_host_release`` account the same
-    budget.
+    (:func:`local_world_size`: torchrun's ``LOCAL_WORLD_SIZE``).  On a patched build
+    this rule is the allocator's own (asked through ``torch.cuda.lms``), and its
+    ``_host_reserve``/``_host_release`` account the same budget; on stock torch
+    lms_swap applies its copy of the rule. :func:`host_budget_source` says which is in
+    force.
 ``host_min_available``
     the pool does not grow when the machine would be left with less available memory
     than this (default max(2 GiB, 5% of RAM)).
@@ -168,7 +170,8 @@ import torch
 
 from . import guard  # noqa: F401  (the module: its loaded net is process state)
 from .environment import (ENV_HOST_LIMIT, ENV_THRESHOLD, GiB, KiB, LMSHostMemoryError,  # noqa: F401
-                          MiB, _host_total, host_mem_limit_from_env, local_world_size)
+                          MiB, _host_total, host_budget_default, host_budget_rule,
+                          host_budget_source, host_mem_limit_from_env, local_world_size)
 from .guard import GUARD_SOURCE, build_guard, load_guard  # noqa: F401
 from .host_pool import HostPool  # noqa: F401
 from .policy import (SwapConfig, _dense_span, damped, growth_to_end, in_tail,  # noqa: F401
@@ -193,6 +196,8 @@ __all__ = [
     "empty_cache",
     "get_swapper",
     "host_mem_limit_from_env",
+    "host_budget_default",
+    "host_budget_source",
     "local_world_size",
 ]
 

@@ -37,8 +37,7 @@ class LMSHostMemoryError(_OutOfMemoryError):
 def local_world_size() -> int:
     """Processes that share this node's host memory: torchrun's ``LOCAL_WORLD_SIZE``
     (1 when it is unset or not a positive integer)."""
-    raw = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    return _local_world_size_of(os.environ.get("LOCAL_WORLD_SIZE"))
 
 
 def _rank_note() -> str:
@@ -104,6 +103,73 @@ def host_mem_limit_from_env() -> Optional[int]:
     """
     mb = _env_number(ENV_HOST_LIMIT, "MiB", "65536")
     return None if mb is None else int(mb * MiB)
+
+
+# --------------------------------------------------------------------------------------
+# the host budget's default
+# --------------------------------------------------------------------------------------
+# The rule is the patched allocator's (c10/cuda/impl/LMSHostBudget.h, reached through
+# torch.cuda.lms._host_budget_rule): on a patched build lms_swap asks it. Stock torch has no
+# such rule, so lms_swap keeps the copy below; tests/test_lms_swap_host_budget.py checks that
+# both give the same answer for the same inputs.
+HOST_BUDGET_ALLOCATOR = "allocator"   # the patched build's C++ rule is in force
+HOST_BUDGET_LMS_SWAP = "lms_swap"     # stock torch: lms_swap's own copy is in force
+
+
+def _local_world_size_of(raw: Optional[str]) -> int:
+    return int(raw) if raw is not None and raw.isdigit() and int(raw) > 0 else 1
+
+
+def host_budget_rule(limit_mb: Optional[str], local_world_size: Optional[str],
+                     host_bytes: int) -> int:
+    """lms_swap's copy of the host budget's default, for these values of
+    ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` and ``LOCAL_WORLD_SIZE`` (None: unset) on a host
+    of ``host_bytes``: the limit in MiB when it is set (not blank), else 80% of
+    ``host_bytes`` divided by the local world size.  ValueError, naming the variable,
+    for a limit that is not a finite number >= 0.  Used on stock torch only; a patched
+    build's allocator answers instead (:func:`host_budget_default`)."""
+    if limit_mb is not None and limit_mb.strip() != "":
+        accepted = "expected a number of MiB, finite and >= 0 (e.g. 65536)"
+        try:
+            mb = float(limit_mb)
+        except ValueError:
+            raise ValueError(f"{ENV_HOST_LIMIT}={limit_mb!r}: {accepted}") from None
+        if not math.isfinite(mb):
+            raise ValueError(f"{ENV_HOST_LIMIT}={limit_mb!r}: {accepted}; it is not finite")
+        if mb < 0:
+            raise ValueError(f"{ENV_HOST_LIMIT}={limit_mb!r}: {accepted}; must not be negative")
+        return int(mb * MiB)
+    return int(host_bytes * 0.80) // _local_world_size_of(local_world_size)
+
+
+def _allocator_budget_rule() -> Any:
+    """The patched allocator's rule (``torch.cuda.lms._host_budget_rule``) when this torch
+    has one that its libc10_cuda answers, else None."""
+    lms = _allocator_lms()
+    rule = getattr(lms, "_host_budget_rule", None) if lms is not None else None
+    if rule is None:
+        return None
+    try:
+        return rule if rule(None, None, 0) is not None else None
+    except Exception:
+        return None
+
+
+def host_budget_source() -> str:
+    """Which copy of the host budget's rule is in force: :data:`HOST_BUDGET_ALLOCATOR`
+    (a patched build: the allocator's C++ rule) or :data:`HOST_BUDGET_LMS_SWAP` (stock
+    torch: :func:`host_budget_rule`)."""
+    return HOST_BUDGET_ALLOCATOR if _allocator_budget_rule() is not None else HOST_BUDGET_LMS_SWAP
+
+
+def host_budget_default(host_bytes: int) -> int:
+    """The host budget's default under this process's environment on a host of
+    ``host_bytes``, by the rule in force (:func:`host_budget_source`)."""
+    args = (os.environ.get(ENV_HOST_LIMIT), os.environ.get("LOCAL_WORLD_SIZE"), int(host_bytes))
+    rule = _allocator_budget_rule()
+    if rule is not None:
+        return int(rule(*args))
+    return host_budget_rule(*args)
 
 
 def _threshold_from_env() -> Optional[int]:

@@ -16,7 +16,7 @@ from .chunked_loss import MIN_BYTES, LossPatch
 from .copies import (_CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
                      _plain_bytes)
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
-                          _host_total, host_mem_limit_from_env, local_world_size)
+                          _host_total, host_budget_default, host_mem_limit_from_env)
 from .forecast import _StepForecast
 from .guard import arm_guard, load_guard, loaded_guard
 from .host_pool import HostPool
@@ -99,12 +99,14 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         cfg = self.config
         total = _host_total()
         limit = cfg.host_limit
+        if limit is None and (total or host_mem_limit_from_env() is not None):
+            # PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB, else 80% of the host shared by the node's
+            # processes (8 ranks each taking 80% of it would be the kernel's OOM killer's
+            # business, not an error of ours): the patched allocator's rule where this
+            # torch has it, else lms_swap's copy (environment.host_budget_source)
+            limit = host_budget_default(total)
         if limit is None:
-            limit = host_mem_limit_from_env()
-        if limit is None:
-            # the processes on a node share its memory: 8 ranks each taking 80% of it
-            # would be the kernel's OOM killer's business, not an error of ours
-            limit = int(total * 0.80) // local_world_size() if total else 64 * GiB
+            limit = 64 * GiB  # no /proc/meminfo to take 80% of
         minav = cfg.host_min_available
         if minav is None:
             minav = max(2 * GiB, int(total * 0.05)) if total else 0

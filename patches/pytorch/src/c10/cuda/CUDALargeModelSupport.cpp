@@ -1,8 +1,12 @@
-// Large Model Support: settings, host budget, host handle pool, statistics and
-// the C API. The allocator-side logic lives in impl/LMSDeviceAllocator.inc
-// (included into CUDACachingAllocator.cpp, where Block and ExpandableSegment
-// are defined). See CUDALargeModelSupport.h.
+// Large Model Support: settings, the host budget (and its rule,
+// impl/LMSHostBudget.h), statistics and the C API. See CUDALargeModelSupport.h
+// for the other pieces: the host page pool (impl/LMSHostPool.cpp), the launch
+// gate (impl/LMSLaunchGate.cpp), a device allocator's LMS
+// (impl/LMSDeviceAllocator.cpp, impl/LMSPageMoves.cpp) and its hooks into
+// CUDACachingAllocator.cpp (impl/LMSDeviceAllocator.inc and the tag's
+// impl/LMSAllocatorAdapter.inc, which see its private Block).
 #include <c10/cuda/CUDALargeModelSupport.h>
+#include <c10/cuda/impl/LMSHostBudget.h>
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -11,21 +15,17 @@
 #if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
 #include <c10/cuda/impl/LMSDriverAPI.h>
 #endif
-#include <dlfcn.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <chrono>
-#include <condition_variable>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <sstream>
-#include <thread>
-#include <unordered_map>
 
 namespace c10::cuda::CUDACachingAllocator::lms {
 
@@ -35,12 +35,9 @@ constexpr size_t kMiB = 1024 * 1024;
 constexpr int kMaxDevices = 64;
 
 #if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-// CUDA 12.2's host allocations (the driver version, the location types and
-// the device attribute), named here for headers older than 12.2.
+// CUDA 12.2's driver version: its host allocations (impl/LMSHostPool.cpp)
+// are what LMS needs.
 constexpr int kHostNumaDriver = 12020;
-constexpr auto kLocationHost = static_cast<CUmemLocationType>(0x2);
-constexpr auto kLocationHostNuma = static_cast<CUmemLocationType>(0x3);
-constexpr auto kAttrHostNumaId = static_cast<CUdevice_attribute>(134);
 #endif
 
 struct Settings {
@@ -60,43 +57,31 @@ Settings& settings() {
   return s;
 }
 
-// Processes that share this node's host memory: torchrun's LOCAL_WORLD_SIZE
-// (1 when it is unset or not a positive number).
-size_t local_world_size() {
-  const char* env = std::getenv("LOCAL_WORLD_SIZE");
-  if (env == nullptr) {
-    return 1;
-  }
-  char* end = nullptr;
-  long n = std::strtol(env, &end, 10);
-  return (end != env && *end == '\0' && n > 0) ? static_cast<size_t>(n) : 1;
-}
-
-// Default host budget: PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB (per process), else
-// 80% of the host memory that is available when LMS first needs it, shared
-// equally by the processes on the node (LOCAL_WORLD_SIZE), so that pinned swap
-// space can never push the node into the kernel's OOM killer.
+// The host budget's default for this process: host_budget_rule
+// (impl/LMSHostBudget.h) on the host memory that is available now.
 size_t default_host_limit() {
-  if (const char* env = std::getenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB")) {
-    char* end = nullptr;
-    double mb = std::strtod(env, &end);
-    TORCH_CHECK(
-        end != env && mb >= 0,
-        "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB must be a number of MiB >= 0, got '",
-        env,
-        "'");
-    return static_cast<size_t>(mb * kMiB);
-  }
+  size_t available = 0;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   size_t kb = 0;
   std::string unit;
   while (meminfo >> key >> kb >> unit) {
     if (key == "MemAvailable:") {
-      return kb * 1024 / 10 * 8 / local_world_size();
+      available = kb * 1024;
+      break;
     }
   }
-  return 0;
+  size_t bytes = 0;
+  std::string err;
+  TORCH_CHECK(
+      impl::host_budget_rule(
+          std::getenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB"),
+          std::getenv("LOCAL_WORLD_SIZE"),
+          available,
+          &bytes,
+          &err),
+      err);
+  return bytes;
 }
 
 std::mutex& budget_mutex() {
@@ -163,6 +148,86 @@ double parse_number(const std::string& key, const std::string& v) {
 }
 
 } // namespace
+
+namespace impl {
+
+size_t parse_local_world_size(const char* value) {
+  if (value == nullptr || *value == '\0') {
+    return 1;
+  }
+  size_t n = 0;
+  for (const char* c = value; *c; ++c) {
+    if (*c < '0' || *c > '9') {
+      return 1;
+    }
+    const size_t d = static_cast<size_t>(*c - '0');
+    // saturates: a budget shared by that many processes is 0 either way
+    n = n > (SIZE_MAX - d) / 10 ? SIZE_MAX : n * 10 + d;
+  }
+  return n > 0 ? n : 1;
+}
+
+size_t local_world_size() {
+  return parse_local_world_size(std::getenv("LOCAL_WORLD_SIZE"));
+}
+
+bool host_budget_rule(
+    const char* limit_mb,
+    const char* local_world_size,
+    size_t host_bytes,
+    size_t* bytes,
+    std::string* err) {
+  std::string raw = limit_mb ? limit_mb : "";
+  const char* blanks = " \t\n\r\f\v";
+  const size_t b = raw.find_first_not_of(blanks);
+  if (limit_mb == nullptr || b == std::string::npos) {
+    // unset or blank: 80% of the host, shared by the node's processes
+    const double share = static_cast<double>(host_bytes) * 0.80;
+    *bytes = static_cast<size_t>(share) /
+        parse_local_world_size(local_world_size);
+    return true;
+  }
+  const std::string text = raw.substr(b, raw.find_last_not_of(blanks) - b + 1);
+  auto refuse = [&](const char* why) {
+    *err = std::string("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB='") + raw +
+        "': expected a number of MiB, finite and >= 0 (e.g. 65536)" + why;
+    return false;
+  };
+  // what Python's float() reads: decimal only, '_' only between digits
+  std::string num;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '_') {
+      const bool between = i > 0 && i + 1 < text.size() &&
+          std::isdigit(static_cast<unsigned char>(text[i - 1])) &&
+          std::isdigit(static_cast<unsigned char>(text[i + 1]));
+      if (!between) {
+        return refuse("");
+      }
+      continue;
+    }
+    if (c == 'x' || c == 'X' || c == 'p' || c == 'P' || c == '(') {
+      return refuse(""); // hexadecimal floats and nan(...) are C's only
+    }
+    num.push_back(c);
+  }
+  char* end = nullptr;
+  const double mb = std::strtod(num.c_str(), &end);
+  if (end == num.c_str() || *end != '\0') {
+    return refuse("");
+  }
+  if (!std::isfinite(mb)) {
+    return refuse("; it is not finite");
+  }
+  if (mb < 0) {
+    return refuse("; must not be negative");
+  }
+  const double v = mb * static_cast<double>(kMiB);
+  *bytes = v >= 18446744073709551615.0 ? SIZE_MAX : static_cast<size_t>(v);
+  return true;
+}
+
+} // namespace impl
 
 bool enabled() {
   return settings().enabled.load(std::memory_order_relaxed);
@@ -486,9 +551,6 @@ std::string stats_text(int device) {
   return o.str();
 }
 
-#include <c10/cuda/impl/LMSHostPool.inc>
-#include <c10/cuda/impl/LMSLaunchGate.inc>
-
 } // namespace c10::cuda::CUDACachingAllocator::lms
 
 namespace lms = c10::cuda::CUDACachingAllocator::lms;
@@ -556,6 +618,29 @@ void c10_lms_reset_peak_stats(int device) {
 }
 void c10_lms_reset_accumulated_stats(int device) {
   lms::reset_accumulated(device);
+}
+int c10_lms_host_budget_rule(
+    const char* limit_mb,
+    const char* local_world_size,
+    unsigned long long host_bytes,
+    unsigned long long* bytes,
+    char* err,
+    unsigned long long cap) {
+  size_t out = 0;
+  std::string why;
+  if (!lms::impl::host_budget_rule(
+          limit_mb, local_world_size, static_cast<size_t>(host_bytes), &out, &why)) {
+    if (err && cap > 0) {
+      size_t n = std::min<size_t>(why.size(), cap - 1);
+      std::memcpy(err, why.data(), n);
+      err[n] = '\0';
+    }
+    return -1;
+  }
+  if (bytes) {
+    *bytes = out;
+  }
+  return 0;
 }
 int c10_lms_parse_settings(
     const char* settings,

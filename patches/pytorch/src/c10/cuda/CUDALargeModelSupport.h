@@ -51,7 +51,7 @@ C10_CUDA_API bool defrag_enabled();
 C10_CUDA_API void set_defrag_enabled(bool on);
 C10_CUDA_API size_t host_mem_limit();
 C10_CUDA_API void set_host_mem_limit(size_t bytes);
-// host pages the pool makes ahead of need (impl/LMSHostPool.inc);
+// host pages the pool makes ahead of need (impl/LMSHostPool.cpp);
 // kAutoHostReserve: 1/8 of the device memory LMS may use
 constexpr size_t kAutoHostReserve = ~size_t(0);
 C10_CUDA_API size_t host_reserve_setting();
@@ -101,7 +101,7 @@ C10_CUDA_API bool parse_setting(
     size_t i,
     size_t* last);
 
-// ---- the launch gate (impl/LMSLaunchGate.inc) ----
+// ---- the launch gate (impl/LMSLaunchGate.cpp) ----
 // While a QuietDevice lives, no other thread of the process submits device
 // work (its kernel launches, copies and memsets wait at entry; CUPTI API
 // callbacks), and work queued before has finished (device synchronize). LMS
@@ -162,7 +162,7 @@ C10_CUDA_API void reset_accumulated(int device);
 // "key=value\n" lines of the lms.* statistics of device (without "lms." prefix)
 C10_CUDA_API std::string stats_text(int device);
 
-// ---- pool of host-backed VMM pages (impl/LMSHostPool.inc) ----
+// ---- pool of host-backed VMM pages (impl/LMSHostPool.cpp) ----
 // Every pooled page keeps a mapping of its own that its device may read and
 // write (*mapped_at): the allocator copies a device page straight into it.
 // acquire: a pooled page of page_size bytes, or a new one charged to the host
@@ -218,6 +218,18 @@ C10_CUDA_API unsigned long long c10_lms_stats(
     unsigned long long cap);
 C10_CUDA_API void c10_lms_reset_peak_stats(int device);
 C10_CUDA_API void c10_lms_reset_accumulated_stats(int device);
+// The host budget's default for these values of
+// PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB and LOCAL_WORLD_SIZE (NULL: unset) on a
+// host of host_bytes (the rule of impl/LMSHostBudget.h; the allocator applies
+// it to MemAvailable). 0 and *bytes on success; -1 with the error in err (cap
+// bytes) for a limit that is not a finite number >= 0. Never throws.
+C10_CUDA_API int c10_lms_host_budget_rule(
+    const char* limit_mb,
+    const char* local_world_size,
+    unsigned long long host_bytes,
+    unsigned long long* bytes,
+    char* err,
+    unsigned long long cap);
 // Parses an allocator settings string that holds only lms keys; 0 on
 // success, else writes the error to err (cap bytes) and returns -1.
 C10_CUDA_API int c10_lms_parse_settings(

@@ -78,6 +78,9 @@ def _lib() -> Optional[ctypes.CDLL]:
     lib.c10_lms_parse_settings.argtypes = [ctypes.c_char_p, ctypes.c_char_p, _U64]
     lib.c10_lms_reset_peak_stats.argtypes = [ctypes.c_int]
     lib.c10_lms_reset_accumulated_stats.argtypes = [ctypes.c_int]
+    if hasattr(lib, "c10_lms_host_budget_rule"):
+        lib.c10_lms_host_budget_rule.argtypes = [ctypes.c_char_p, ctypes.c_char_p, _U64,
+                                                 ctypes.POINTER(_U64), ctypes.c_char_p, _U64]
     _lib_cache = lib
     return lib
 
@@ -198,6 +201,25 @@ def _host_release(nbytes: int) -> None:
 def _host_used() -> int:
     lib = _lib()
     return int(lib.c10_lms_host_used()) if lib is not None else 0
+
+
+def _host_budget_rule(limit_mb: Optional[str], local_world_size: Optional[str],
+                      host_bytes: int) -> Optional[int]:
+    r"""The host budget's default, by the allocator's own rule (``c10_lms_host_budget_rule``), for
+    these values of ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` and ``LOCAL_WORLD_SIZE`` (None: unset) on a
+    host of ``host_bytes``: the limit in MiB when it is set, else 80% of ``host_bytes`` divided by
+    the local world size. ValueError for a limit that is not a finite number >= 0. None where this
+    libc10_cuda has no such rule (lms_swap then applies its own copy)."""
+    lib = _lib()
+    if lib is None or not hasattr(lib, "c10_lms_host_budget_rule"):
+        return None
+    out = _U64(0)
+    err = ctypes.create_string_buffer(1024)
+    enc = lambda v: None if v is None else v.encode("utf-8", "surrogateescape")
+    if lib.c10_lms_host_budget_rule(enc(limit_mb), enc(local_world_size), int(host_bytes),
+                                    ctypes.byref(out), err, 1024) != 0:
+        raise ValueError(err.value.decode(errors="replace"))
+    return int(out.value)
 
 
 def _parse_settings(settings: str) -> None:

@@ -1,6 +1,5 @@
-// Large Model Support: the pool of host-backed VMM pages. Included at the end
-// of c10/cuda/CUDALargeModelSupport.cpp inside namespace lms; not an
-// installed header.
+// Large Model Support: the pool of host-backed VMM pages (host_page_acquire
+// and the rest of CUDALargeModelSupport.h's "pool" section).
 //
 // A pooled page is a pinned host handle (cuMemCreate on the GPU's host NUMA
 // node) that keeps a mapping of its own, readable and writable by its device,
@@ -22,8 +21,40 @@
 // once (host_reserve when made, host_release when released); `mapped_at`
 // holds one entry per live handle the pool made; the pool's mutex is never
 // held across a driver call.
+#include <c10/cuda/CUDALargeModelSupport.h>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+#include <c10/cuda/impl/LMSDriverAPI.h>
+#endif
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace c10::cuda::CUDACachingAllocator::lms {
 
 namespace {
+
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+// CUDA 12.2's host allocations (the location types and the device
+// attribute), named here for headers older than 12.2; the values are fixed
+// in the driver's ABI.
+constexpr auto kLocationHost = static_cast<CUmemLocationType>(0x2);
+constexpr auto kLocationHostNuma = static_cast<CUmemLocationType>(0x3);
+constexpr auto kAttrHostNumaId = static_cast<CUdevice_attribute>(134);
+#endif
 
 struct HostPage {
   unsigned long long handle = 0;
@@ -313,3 +344,5 @@ std::string host_pool_stats() {
   o << "host_pool.made_on_demand_bytes=" << p.made_on_demand_bytes << "\n";
   return o.str();
 }
+
+} // namespace c10::cuda::CUDACachingAllocator::lms

@@ -1,13 +1,35 @@
-// Large Model Support: the launch gate. Part of CUDALargeModelSupport.cpp's
-// translation unit (included at its end, inside namespace ...::lms); not an
-// installed header. What the gate keeps and how: LMSLaunchGateCore.inc (from
-// patches/shared/, framework-neutral); here is PyTorch's use of it.
+// Large Model Support: the launch gate (launch_gate_* and QuietDevice of
+// CUDALargeModelSupport.h). What the gate keeps and how:
+// impl/LMSLaunchGateCore.inc (framework-neutral, shared with TensorFlow's LMS,
+// included here inside namespace lms as its header asks); here is PyTorch's
+// use of it.
 //
 // QuietDevice closes the gate and synchronizes the device; the gate opens again
 // when it goes out of scope. Without the gate (lms_launch_gate:False, or CUPTI
 // missing or taken) QuietDevice still synchronizes the device, which covers
 // work queued before the move but not launches made during it by other
 // threads; stats_text says which rule holds (launch_gate.active).
+
+#include <c10/cuda/CUDALargeModelSupport.h>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace c10::cuda::CUDACachingAllocator::lms {
 
 #include <c10/cuda/impl/LMSLaunchGateCore.inc>
 
@@ -46,3 +68,5 @@ QuietDevice::~QuietDevice() {
     LaunchGate::get().open();
   }
 }
+
+} // namespace c10::cuda::CUDACachingAllocator::lms

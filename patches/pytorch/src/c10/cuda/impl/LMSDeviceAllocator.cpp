@@ -1,0 +1,311 @@
+// Large Model Support: one DeviceCachingAllocator's LMS. See
+// impl/LMSDeviceAllocator.h. Everything here runs under the allocator's
+// mutex; what it needs of the allocator it asks through AllocatorHooks.
+#include <c10/cuda/impl/LMSDeviceAllocator.h>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDALargeModelSupport.h>
+#include <c10/cuda/impl/LMSHostBudget.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+namespace c10::cuda::CUDACachingAllocator::lms::impl {
+
+#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
+
+namespace {
+// upstream's kLargeBuffer: the large pool's page without LMS
+constexpr size_t kUpstreamLargePage = size_t(20) << 20;
+} // namespace
+
+size_t DeviceLms::host_bytes() const {
+  return static_cast<size_t>(
+      std::max<int64_t>(0, stat_get(mover_.device(), kHostBytes)));
+}
+
+// device memory held by this allocator (mapped bytes minus host pages)
+size_t DeviceLms::device_bytes() const {
+  size_t h = host_bytes();
+  size_t mapped = hooks_.mapped_bytes();
+  return mapped > h ? mapped - h : 0;
+}
+
+// Once device use reaches 3/4 of what LMS may use, host pages for large
+// blocks start being made in the background, so that the first spill finds
+// them made. Their page is that of the device pages a spill would move: a
+// segment keeps the page it was made with, so segments made before LMS was
+// switched on keep upstream's page, and host pages of LMS's own size would
+// not serve their spill (it would make its pages on the way).
+void DeviceLms::prefill(size_t want, size_t cap) {
+  if (!prefill_asked_ && device_bytes() + want >= cap / 4 * 3) {
+    prefill_asked_ = true;
+    host_pool_prefill(mover_.device(), hooks_.busiest_large_page(mover_.device()), cap);
+  }
+}
+
+// Releases free cached memory. With defrag: every free page the tag can
+// release; without: only segments that are completely free. Returns bytes
+// released.
+size_t DeviceLms::release_free() {
+  if (hooks_.capturing()) {
+    return 0;
+  }
+  const size_t before = hooks_.mapped_bytes();
+  if (defrag_enabled()) {
+    hooks_.release_free_pages();
+  } else {
+    hooks_.release_free_segments();
+  }
+  const size_t after = hooks_.mapped_bytes();
+  const size_t released = before > after ? before - after : 0;
+  if (defrag_enabled()) {
+    stat_add(
+        mover_.device(), kDefragReleasedBytes, static_cast<int64_t>(released));
+  }
+  return released;
+}
+
+// Moves least recently allocated device pages to host until `need` bytes of
+// device memory are released. Returns the bytes released.
+size_t DeviceLms::swap_out(size_t need) {
+  auto pages = hooks_.movable_pages(/*on_host=*/false);
+  std::sort(pages.begin(), pages.end(), [](const PageRef& a, const PageRef& b) {
+    return a.tick < b.tick;
+  });
+  std::vector<PageRef> victims;
+  std::vector<cudaStream_t> streams;
+  size_t planned = 0;
+  size_t eligible = 0;
+  for (auto& p : pages) {
+    const size_t ps = hooks_.page_size(p.seg);
+    eligible += ps;
+    if (planned < need) {
+      streams.insert(streams.end(), p.streams.begin(), p.streams.end());
+      victims.push_back(std::move(p));
+      planned += ps;
+    }
+  }
+  attempt_.eligible_left = eligible - planned;
+  if (victims.empty()) {
+    return 0;
+  }
+  PageMover::SwapOut out;
+  out.host_exhausted = attempt_.host_exhausted; // a refusal holds for the request
+  try {
+    mover_.swap_out(hooks_, victims, std::move(streams), out);
+  } catch (...) {
+    attempt_.swapped += out.released;
+    attempt_.host_exhausted = out.host_exhausted;
+    throw;
+  }
+  attempt_.swapped += out.released;
+  attempt_.host_exhausted = out.host_exhausted;
+  return out.released;
+}
+
+// Device bytes LMS may bring back now.
+size_t DeviceLms::return_room() {
+  size_t dev = device_bytes();
+  size_t lim = limit();
+  size_t free_b = 0;
+  size_t total_b = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  // keep a margin so that the next allocations do not swap straight back
+  size_t margin = lim ? kUpstreamLargePage * 8
+                      : std::max<size_t>(kUpstreamLargePage * 8, total_b / 50);
+  size_t room = free_b > margin ? free_b - margin : 0;
+  if (lim) {
+    size_t under = lim > dev + margin ? lim - dev - margin : 0;
+    room = std::min(room, under);
+  }
+  return room;
+}
+
+// Brings host pages back to device memory (most recently allocated first)
+// while there is room. Returns bytes brought back.
+size_t DeviceLms::swap_in() {
+  if (host_bytes() == 0 || hooks_.capturing()) {
+    return 0;
+  }
+  size_t room = return_room();
+  auto pages = hooks_.movable_pages(/*on_host=*/true);
+  if (pages.empty() || room == 0) {
+    return 0;
+  }
+  std::sort(pages.begin(), pages.end(), [](const PageRef& a, const PageRef& b) {
+    return a.tick > b.tick;
+  });
+  return mover_.swap_in(hooks_, pages, room);
+}
+
+bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
+  *refused = false;
+  mover_.init(device);
+  const int dev = mover_.device();
+  if (found) {
+    stat_add(dev, kAllocFreeList, 1);
+    return true;
+  }
+  attempt_ = Attempt{};
+  size_t free_b = 0;
+  size_t total_b = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (want > total_b) {
+    attempt_.too_large = true;
+    *refused = true;
+    return false;
+  }
+  const bool capturing = hooks_.capturing();
+  // The LMS limit: device memory this process keeps under. Reclaim before
+  // passing it; when reclaiming cannot get under it, the request fails.
+  size_t lim = limit();
+  prefill(want, lim ? std::min(lim, total_b) : total_b);
+  bool reclaimed = false;
+  if (lim && device_bytes() + want > lim) {
+    if (!capturing) {
+      size_t over = device_bytes() + want - lim;
+      size_t rel = release_free();
+      attempt_.released += rel;
+      if (rel < over) {
+        reclaimed = swap_out(over - rel) > 0;
+      }
+    }
+    if (device_bytes() + want > lim) {
+      attempt_.over_limit = true;
+      *refused = true;
+      return false;
+    }
+  }
+  if (hooks_.alloc_block(/*is_retry=*/false)) {
+    stat_add(dev, reclaimed ? kAllocLmsReclaim : kAllocNewDevice, 1);
+    return true;
+  }
+  if (capturing) {
+    return false;
+  }
+  size_t rel = release_free();
+  attempt_.released += rel;
+  if (rel && hooks_.alloc_block(/*is_retry=*/true)) {
+    stat_add(dev, defrag_enabled() ? kAllocDefrag : kAllocNewDevice, 1);
+    return true;
+  }
+  // swap out, a few rounds (a request may need more than its size when the
+  // pages freed are not where the new mapping lands)
+  size_t need = want;
+  for (int round = 0; round < 4; ++round) {
+    if (swap_out(need) == 0) {
+      break;
+    }
+    if (hooks_.alloc_block(/*is_retry=*/true)) {
+      stat_add(dev, kAllocLmsReclaim, 1);
+      return true;
+    }
+    if (attempt_.host_exhausted) {
+      break;
+    }
+    need *= 2;
+  }
+  return false;
+}
+
+void DeviceLms::after_free(size_t freed) {
+  if (mover_.device() < 0) {
+    return;
+  }
+  if (host_bytes() == 0) {
+    freed_since_return_ = 0;
+    return;
+  }
+  freed_since_return_ += freed;
+  const size_t threshold = std::max<size_t>(
+      kUpstreamLargePage, std::min<size_t>(host_bytes(), size_t(256) << 20));
+  if (freed_since_return_ >= threshold && !hooks_.capturing()) {
+    freed_since_return_ = 0;
+    release_free();
+    swap_in();
+  }
+}
+
+void DeviceLms::empty_cache() {
+  if (mover_.device() >= 0) {
+    swap_in();
+  }
+  host_pool_trim();
+  prefill_asked_ = false;
+}
+
+std::string DeviceLms::oom_message(size_t alloc_size) {
+  std::ostringstream o;
+  size_t free_b = 0;
+  size_t total_b = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const auto& a = attempt_;
+  auto fmt = [&](size_t n) { return hooks_.format_size(n); };
+  o << "Large Model Support could not serve this allocation. ";
+  if (a.too_large) {
+    o << "The request (" << fmt(alloc_size)
+      << ") is larger than the whole GPU (" << fmt(total_b)
+      << "): LMS swaps whole pages of other tensors to host memory but a "
+         "single block must fit in device memory; split the tensor. ";
+  } else {
+    o << "Tried: the free list, new device pages, releasing free cached "
+         "pages (defrag "
+      << (defrag_enabled() ? "on" : "off") << ", released "
+      << fmt(a.released) << "), swapping least recently allocated "
+      << "pages to host (swapped " << fmt(a.swapped)
+      << " for this request; " << fmt(a.eligible_left)
+      << " of swappable pages left on the device). ";
+  }
+  o << "Host swap in use for this GPU: " << fmt(host_bytes())
+    << "; host budget used " << fmt(host_used()) << " of "
+    << fmt(host_mem_limit()) << ". ";
+  if (a.over_limit) {
+    o << "The LMS device limit (" << fmt(limit())
+      << ") would be passed (device memory in use " << fmt(device_bytes())
+      << "): raise it with torch.cuda.set_limit_lms() or lms_limit_mb. ";
+  }
+  if (a.host_exhausted) {
+    o << "The host memory limit was reached";
+    if (const char* rank = std::getenv("RANK")) {
+      const char* local = std::getenv("LOCAL_RANK");
+      // the divisor of the host budget's default (host_budget_rule)
+      o << " in rank " << rank << " (local rank " << (local ? local : "?")
+        << " of " << local_world_size()
+        << " on this node, which share its host memory)";
+    }
+    o << ": raise it with PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB (per process) or "
+         "torch.cuda.set_host_mem_limit_lms(). ";
+  } else if (!a.too_large && a.eligible_left == 0 && a.swapped == 0) {
+    o << "No block large enough to swap: lower the smallest swappable block "
+         "size with torch.cuda.set_size_lms() (now "
+      << fmt(min_swap_size()) << "). ";
+  }
+  const size_t reserved_unalloc = hooks_.cached_free_bytes();
+  if (!a.too_large && reserved_unalloc >= alloc_size) {
+    o << "Fragmentation: " << fmt(reserved_unalloc)
+      << " is reserved but free, in pieces too small for this request"
+      << (defrag_enabled() ? ". "
+                           : "; enable defragmentation with "
+                             "torch.cuda.set_lms_defrag_enabled(True). ");
+  }
+  stat_add(mover_.device(), kOoms, 1);
+  return o.str();
+}
+
+#else // LMS cannot be enabled here (lms::supported())
+
+bool DeviceLms::malloc(bool found, int, size_t, bool* refused) {
+  *refused = false;
+  return found;
+}
+void DeviceLms::after_free(size_t) {}
+void DeviceLms::empty_cache() {}
+std::string DeviceLms::oom_message(size_t) {
+  return "";
+}
+
+#endif
+
+} // namespace c10::cuda::CUDACachingAllocator::lms::impl
