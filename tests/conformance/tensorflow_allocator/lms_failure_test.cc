@@ -454,6 +454,9 @@ TEST(LmsMultiDevice, TwoDevicesMoveWhileEachWritesTheOthersMemory) {
   if (devices < 2) {
     GTEST_SKIP() << "needs 2 devices in the process; " << devices << " found";
   }
+  if (!lms_test::PeerAccess(0, 1) || !lms_test::PeerAccess(1, 0)) {
+    GTEST_SKIP() << "needs 2 devices with peer access to each other";
+  }
   const double seconds = EnvSeconds("LMS_TEST_RACE_SECONDS", 5);
   Watchdog watchdog("TwoDevicesMoveWhileEachWritesTheOthersMemory",
                     EnvSeconds("LMS_TEST_WATCHDOG_SECONDS", 120));

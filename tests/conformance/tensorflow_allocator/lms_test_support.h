@@ -64,6 +64,9 @@ int AddPasses(void* shared, void* p, size_t bytes);
 // passes the stand-in gate; a drain waits until the device ran dry); CUDA:
 // the GPUs, each in its primary context.
 int Devices();
+// Whether kernels on device 'from' can access memory of device 'to' (CPU:
+// yes; CUDA: peer access, cuDeviceCanAccessPeer).
+bool PeerAccess(int from, int to);
 // An LMS sub-allocator of device 'device' (TensorFlow's page for the budget)
 // whose pages are mapped for every other device (its peers), and whose page
 // moves drain it and its peers.

@@ -323,6 +323,8 @@ size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
 
 int Devices() { return kSimDevices; }
 
+bool PeerAccess(int, int) { return true; }
+
 std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocatorOn(
     int device, size_t va_bytes, size_t device_bytes, size_t host_bytes) {
   std::vector<int> drains = {device};

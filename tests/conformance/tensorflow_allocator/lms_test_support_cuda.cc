@@ -172,6 +172,15 @@ int Devices() {
   return n;
 }
 
+bool PeerAccess(int from, int to) {
+  PrimaryContext();
+  CUdevice a, b;
+  int can = 0;
+  return cuDeviceGet(&a, from) == CUDA_SUCCESS &&
+         cuDeviceGet(&b, to) == CUDA_SUCCESS &&
+         cuDeviceCanAccessPeer(&can, a, b) == CUDA_SUCCESS && can != 0;
+}
+
 std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocatorOn(
     int device, size_t va_bytes, size_t device_bytes, size_t host_bytes) {
   std::vector<int> peers;
