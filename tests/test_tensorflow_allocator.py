@@ -37,6 +37,10 @@ REPO = Path(__file__).resolve().parent.parent
 TAG = "v2.14.1"
 
 CPU_OUT = REPO / "build" / "tf_allocator" / "cpu-ci"
+# Tests of lms_failure_test.cc checked here by name besides LMS_TESTS: several devices in one
+# process (two simulated devices on the CPU) and the quiesce bound's setting.
+MULTI_DEVICE = "LmsMultiDevice.TwoDevicesMoveWhileEachWritesTheOthersMemory"
+QUIESCE_SETTING = "LmsFailure.QuiesceWaitSettingBoundedAndChecked"
 
 
 def _require_toolchain():
@@ -92,7 +96,7 @@ def test_allocator_conformance_cpu(tree, tmp_path):
     # TensorFlow's own tests (25 on v2.14.1; parameterized ones on both
     # sub-allocator kinds: plain and page-mapped).
     assert len(upstream) >= 25, sorted(res)
-    for name in upstream + list(LMS_TESTS):
+    for name in upstream + list(LMS_TESTS) + [MULTI_DEVICE, QUIESCE_SETTING]:
         assert res.get(name) in ("completed", "run"), (name, res.get(name), summary)
     # The messages users see.
     assert "TF_GPU_HOST_MEM_LIMIT_IN_MB=" in r.stdout
@@ -101,6 +105,31 @@ def test_allocator_conformance_cpu(tree, tmp_path):
     assert "launch gate on)" in r.stdout
     m = re.search(r"writers: \d+ rounds of pressure\n(?:.*\n)*?Launch gate calls held: (\d+)", r.stdout)
     assert m and int(m.group(1)) > 0, summary
+
+
+def test_two_devices_move_without_hanging_on_a_collective(tree):
+    """Two (simulated) devices move pages while each one's kernels add to the other's tensors and
+    a handshake pair of kernels (a collective's, the second launched late) waits across them. A
+    move holds every launch and drains both devices: a round that catches the first handshake
+    kernel waiting for its held partner is given up within its bound and started over (counted),
+    and no add is lost. With the bound longer than the test's watchdog
+    (TF_LMS_QUIESCE_WAIT_MS=60000), as an unbounded wait is, the same run hangs: the watchdog fails
+    it."""
+    _require_toolchain()
+    binary = tab.build(tree, "cpu", out=CPU_OUT, overlay_src=None)
+
+    def run(**env):
+        return subprocess.run([str(binary), f"--gtest_filter={MULTI_DEVICE}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=300, env={**os.environ, "LMS_TEST_RACE_SECONDS": "4", **env})
+    bounded = run(LMS_TEST_WATCHDOG_SECONDS="120")
+    assert bounded.returncode == 0 and f"[       OK ] {MULTI_DEVICE}" in bounded.stdout, \
+        bounded.stdout[-3000:]
+    given_up = [int(n) for n in re.findall(r"Quiesce rounds given up: (\d+)", bounded.stdout)]
+    assert len(given_up) == 2 and max(given_up) > 0, bounded.stdout[-3000:]
+    unbounded = run(TF_LMS_QUIESCE_WAIT_MS="60000", LMS_TEST_WATCHDOG_SECONDS="8")
+    assert unbounded.returncode == 3, unbounded.stdout[-3000:]
+    assert f"watchdog: {MULTI_DEVICE.split('.')[1]} did not finish within 8 s" in unbounded.stdout
 
 
 def test_writers_test_catches_page_moves_without_the_gate(tree):

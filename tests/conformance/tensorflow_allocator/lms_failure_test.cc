@@ -1,15 +1,24 @@
-// LMS in TensorFlow's BFC allocator on its failure paths (issue 40): no gate,
-// driver errors in a move, a failed page creation, a failed swap-in, garbage
-// collection's unmaps, bad host limits.  The allocators here use the memfd
+// LMS in TensorFlow's BFC allocator on its failure paths: no gate, driver
+// errors in a move, a failed page creation, a failed swap-in, garbage
+// collection's unmaps, bad host limits and quiesce bounds, and several devices
+// in one process (LmsMultiDevice: moves while each device's kernels write the
+// other's memory and a collective-like pair of kernels waits across them; on
+// the program's own backends: simulated devices on the CPU, GPUs on CUDA).  The allocators here use the memfd
 // page backend directly (host memory, patterns written by the CPU), so these
 // tests mean the same on the CPU and on a GPU machine, except
 // GarbageCollectionUnmapsInAQuietScope, which runs on the program's own
 // backend (CUDA there) with writers on another allocator.  Faults are
 // injected with TF_LMS_TEST_FAIL_REMAP / TF_LMS_TEST_FAIL_CREATE
 // (LmsRemapFaults), read when a backend is made.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -363,6 +372,210 @@ TEST(LmsFailure, HostMemLimitBadNegativeAndHugeValues) {
     EXPECT_GT(b, size_t{1} << 30) << huge;
     EXPECT_LE(b, size_t{1} << 50) << huge;  // 1 PiB at most
     EXPECT_EQ(b % (size_t{1} << 20), 0u) << huge;
+  }
+}
+
+// TF_LMS_QUIESCE_WAIT_MS, the first bound of a quiesce round: a whole number
+// of milliseconds from 1 to 60000; anything else is refused (an error naming
+// the variable) and the default used.
+TEST(LmsFailure, QuiesceWaitSettingBoundedAndChecked) {
+  auto read = [](const char* v) {
+    Env e("TF_LMS_QUIESCE_WAIT_MS", v);
+    return LmsQuiesceWaitMsFromEnv();
+  };
+  EXPECT_EQ(read(nullptr), kLmsQuiesceWaitMsDefault);
+  EXPECT_EQ(read("1"), 1);
+  EXPECT_EQ(read("250"), 250);
+  EXPECT_EQ(read("60000"), 60000);
+  for (const char* bad : {"0", "60001", "-5", "10ms", " ", "99999999999999999999"}) {
+    EXPECT_EQ(read(bad), kLmsQuiesceWaitMsDefault) << bad;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Several devices in one process.
+
+// Ends the program with a failure when the scope it guards outlives
+// 'seconds': a hang cannot fail a test otherwise (its threads are stuck).
+class Watchdog {
+ public:
+  Watchdog(const char* what, double seconds) : what_(what) {
+    thread_ = std::thread([this, seconds] {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!cv_.wait_for(l, std::chrono::duration<double>(seconds),
+                        [&] { return done_; })) {
+        std::fprintf(stderr,
+                     "[  FAILED  ] watchdog: %s did not finish within %.0f s "
+                     "(a hang)\n",
+                     what_, seconds);
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  const char* what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+double EnvSeconds(const char* name, double def) {
+  const char* v = std::getenv(name);
+  return v ? std::atof(v) : def;
+}
+
+// Two devices move pages of tensors (a mover thread each spills and returns
+// them) while a kernel on each adds 1 to every word of the other's tensors
+// (through the peer mapping of its pages) and a pair of handshake kernels,
+// one per device, each waiting for the other as a collective's kernels do,
+// is launched round after round from two threads, device 1's late.  A move
+// holds every launch and drains its device and its peer: when it closes the
+// gate while device 0's handshake kernel waits for device 1's, which the
+// gate holds, that drain cannot end.  The quiesce gives such a round up
+// within its bound, lets the launch go and starts over (QuietRounds), so
+// the test ends (a watchdog fails it otherwise: TF_LMS_QUIESCE_WAIT_MS=60000
+// makes the bound longer than the watchdog, as an unbounded wait is) and no
+// add is lost (every word of every shared tensor checked against the adds
+// made).  Skipped with fewer than 2 devices.  LMS_TEST_RACE_SECONDS (default
+// 5): how long the movers run; LMS_TEST_WATCHDOG_SECONDS (default 120).
+TEST(LmsMultiDevice, TwoDevicesMoveWhileEachWritesTheOthersMemory) {
+  const int devices = lms_test::Devices();
+  if (devices < 2) {
+    GTEST_SKIP() << "needs 2 devices in the process; " << devices << " found";
+  }
+  if (!lms_test::PeerAccess(0, 1) || !lms_test::PeerAccess(1, 0)) {
+    GTEST_SKIP() << "needs 2 devices with peer access to each other";
+  }
+  const double seconds = EnvSeconds("LMS_TEST_RACE_SECONDS", 5);
+  Watchdog watchdog("TwoDevicesMoveWhileEachWritesTheOthersMemory",
+                    EnvSeconds("LMS_TEST_WATCHDOG_SECONDS", 120));
+  const size_t D = lms_test::DeviceBudget();
+  const size_t va = 8 * D + 4 * D;
+  std::unique_ptr<BFCAllocator> bfc[2];
+  for (int d = 0; d < 2; ++d) {
+    auto sub = lms_test::MakeLmsSubAllocatorOn(d, va, D, 2 * D);
+    ASSERT_NE(sub, nullptr);
+    BFCAllocator::Options o;
+    o.allow_growth = true;
+    o.allow_retry_on_failure = false;
+    o.lms_enabled = true;
+    bfc[d] = std::make_unique<BFCAllocator>(
+        std::move(sub), va, d == 0 ? "lms_dev0" : "lms_dev1", o);
+  }
+  const LmsStats before = bfc[0]->GetLmsStats();
+  if (!before.launch_gate_active) {
+    GTEST_SKIP() << "launch gate inactive (reason "
+                 << before.launch_gate_inactive_reason
+                 << "): pages of live tensors do not move";
+  }
+  // Two tensors per device, allocated first: the least recently used, spilled
+  // by each round of its mover and brought back when the round frees.
+  const size_t n = D / 8;
+  void* shared[2][2];
+  auto seed = [](int d, int k) { return static_cast<uint32_t>(1000 + 2 * d + k); };
+  for (int d = 0; d < 2; ++d) {
+    lms_test::UseDevice(d);
+    for (int k = 0; k < 2; ++k) {
+      shared[d][k] = bfc[d]->AllocateRaw(64, n);
+      ASSERT_NE(shared[d][k], nullptr);
+      lms_test::Fill(shared[d][k], n, seed(d, k));
+    }
+  }
+  std::atomic<bool> stop{false};
+  // Device d's kernels add to device 1-d's tensors: adds[d] rounds of them.
+  std::atomic<uint64_t> adds[2] = {{0}, {0}};
+  std::vector<std::thread> threads;
+  for (int d = 0; d < 2; ++d) {
+    threads.emplace_back([&, d] {
+      while (!stop.load()) {
+        for (int k = 0; k < 2; ++k) lms_test::LaunchAdd(d, shared[1 - d][k], n);
+        lms_test::Finish(d);
+        ++adds[d];
+      }
+    });
+  }
+  // The handshake pair: both threads run the same rounds (a round is
+  // launched on one device only while the other has launched it or will).
+  std::mutex round_mu;
+  int launched[2] = {0, 0};
+  for (int d = 0; d < 2; ++d) {
+    threads.emplace_back([&, d] {
+      for (;;) {
+        int r;
+        {
+          std::lock_guard<std::mutex> l(round_mu);
+          if (stop.load() && launched[d] >= launched[1 - d]) return;
+          r = ++launched[d];
+        }
+        if (d == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        lms_test::LaunchHandshake(d, r);
+        lms_test::Finish(d);
+      }
+    });
+  }
+  // The movers: 8 tensors of D/8 beside the 2 shared ones: the shared
+  // tensors are spilled, and come back when these are freed.
+  std::atomic<int> refused{0};
+  std::atomic<uint64_t> rounds[2] = {{0}, {0}};
+  std::string last_error[2];
+  std::vector<std::thread> movers;
+  for (int d = 0; d < 2; ++d) {
+    movers.emplace_back([&, d] {
+      while (!stop.load()) {
+        std::vector<void*> pressure;
+        for (int k = 0; k < 8; ++k) {
+          void* q = bfc[d]->AllocateRaw(64, n);
+          if (q == nullptr) {
+            ++refused;
+            last_error[d] = bfc[d]->LmsLastError();
+            break;
+          }
+          pressure.push_back(q);
+        }
+        for (void* q : pressure) bfc[d]->DeallocateRaw(q);
+        ++rounds[d];
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  for (auto& t : movers) t.join();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(refused.load(), 0) << last_error[0] << " / " << last_error[1];
+  for (int d = 0; d < 2; ++d) {
+    const LmsStats ls = bfc[d]->GetLmsStats();
+    LOG(INFO) << "device " << d << ": " << rounds[d].load()
+              << " mover rounds, " << adds[d].load()
+              << " add rounds on the other device, " << launched[d]
+              << " handshake rounds\n"
+              << ls.DebugString();
+    EXPECT_GT(rounds[d].load(), 0u);
+    EXPECT_GT(adds[d].load(), 0u);
+    EXPECT_GT(ls.bytes_swapped_out, 0) << "device " << d;
+    EXPECT_GT(ls.bytes_swapped_in, 0) << "device " << d;
+  }
+  for (int d = 0; d < 2; ++d) {
+    lms_test::UseDevice(d);
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(lms_test::CountMismatchesAdd(
+                    shared[d][k], n, seed(d, k),
+                    static_cast<uint32_t>(adds[1 - d].load())),
+                0u)
+          << "device " << d << " tensor " << k << " after "
+          << adds[1 - d].load() << " adds by the other device";
+      bfc[d]->DeallocateRaw(shared[d][k]);
+    }
   }
 }
 

@@ -44,6 +44,16 @@ __global__ void IncrementKernel(uint32_t* w, size_t n, int passes) {
   }
 }
 
+// One side of a two-device handshake (a collective's pair of kernels):
+// marks 'round' for 'device' in host memory both GPUs map, then spins until
+// the other device's kernel marked it.
+__global__ void HandshakeKernel(volatile int* marks, int device, int round) {
+  marks[device] = round;
+  __threadfence_system();
+  while (marks[1 - device] < round) {
+  }
+}
+
 void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
@@ -66,7 +76,11 @@ extern "C" size_t lms_test_count_mismatches_add(const void* p, size_t bytes,
                                                 uint32_t seed, uint32_t add) {
   const size_t n = bytes / 4;
   if (n == 0) return 0;
-  static unsigned long long* bad = nullptr;
+  // a counter on each device (the current one counts)
+  static unsigned long long* counters[64] = {};
+  int device = 0;
+  Check(cudaGetDevice(&device), "cudaGetDevice");
+  unsigned long long*& bad = counters[device];
   if (bad == nullptr) Check(cudaMalloc(&bad, sizeof(*bad)), "cudaMalloc");
   Check(cudaMemset(bad, 0, sizeof(*bad)), "cudaMemset");
   CheckKernel<<<512, 256>>>(static_cast<const uint32_t*>(p), n, seed, add,
@@ -103,4 +117,37 @@ extern "C" int lms_test_increment_and_wait(void* p, size_t bytes, int passes,
   e = cudaEventSynchronize(ev);
   cudaEventDestroy(ev);
   return static_cast<int>(e);
+}
+
+// Adds 1 to every word of [p, p + bytes) on 'stream', not waited for.
+extern "C" int lms_test_add_async(void* p, size_t bytes, void* stream) {
+  IncrementKernel<<<512, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<uint32_t*>(p), bytes / 4, 1);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// The handshake's marks: pinned host memory mapped for every device.
+extern "C" void* lms_test_handshake_marks() {
+  static int* marks = [] {
+    int* m = nullptr;
+    Check(cudaHostAlloc(reinterpret_cast<void**>(&m), 2 * sizeof(int),
+                        cudaHostAllocPortable | cudaHostAllocMapped),
+          "cudaHostAlloc");
+    m[0] = m[1] = 0;
+    return m;
+  }();
+  return marks;
+}
+
+// Launches 'device's side of handshake round 'round' on 'stream', not
+// waited for.
+extern "C" int lms_test_handshake_async(int device, int round, void* stream) {
+  int* marks = static_cast<int*>(lms_test_handshake_marks());
+  int* on_device = nullptr;
+  cudaError_t e = cudaHostGetDevicePointer(
+      reinterpret_cast<void**>(&on_device), marks, 0);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  HandshakeKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+      on_device, device, round);
+  return static_cast<int>(cudaGetLastError());
 }

@@ -59,6 +59,32 @@ void* WritersBegin();
 void WritersEnd(void* shared);
 int AddPasses(void* shared, void* p, size_t bytes);
 
+// Several devices in one process.  CPU: two simulated devices, each a worker
+// thread that runs the "kernels" launched to it in launch order (a launch
+// passes the stand-in gate; a drain waits until the device ran dry); CUDA:
+// the GPUs, each in its primary context.
+int Devices();
+// Whether kernels on device 'from' can access memory of device 'to' (CPU:
+// yes; CUDA: peer access, cuDeviceCanAccessPeer).
+bool PeerAccess(int from, int to);
+// An LMS sub-allocator of device 'device' (TensorFlow's page for the budget)
+// whose pages are mapped for every other device (its peers), and whose page
+// moves drain it and its peers.
+std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocatorOn(
+    int device, size_t va_bytes, size_t device_bytes, size_t host_bytes);
+// Makes 'device' the calling thread's device: Fill and CountMismatchesAdd
+// run there (CUDA: its primary context; CPU: nothing to do).
+void UseDevice(int device);
+// Launches on 'device', from the calling thread and without waiting for it,
+// a kernel adding 1 to every word of [p, p + bytes): memory of any device.
+void LaunchAdd(int device, void* p, size_t bytes);
+// Launches on 'device' its side of a two-device handshake, as a collective's
+// kernels are: the kernel marks 'round' for its device, then waits until
+// the other device's kernel marked it.  Rounds count from 1.
+void LaunchHandshake(int device, int round);
+// Waits for the kernels the calling thread launched on 'device'.
+void Finish(int device);
+
 // TensorFlow's executor pattern: one host thread per block, each adding 1 to
 // every word of its block, round after round, until Stop(); the allocator is
 // not told.

@@ -1,14 +1,30 @@
+#include <dlfcn.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "lms_test_support.h"
 
 namespace lms_test {
+namespace gate_core {
+// The shared core: its QuietRounds and Drainer quiesce the memfd backend
+// below as they quiesce the CUDA backend (its CUPTI gate is unused here).
+#include "tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc"
+}  // namespace gate_core
 namespace {
 
 // The CPU stand-in for the CUDA backend's launch gate.  On the CPU a writer's
@@ -33,6 +49,28 @@ class StandInGate {
     cv_.wait(l, [&] { return inside_ == 0; });
     ++closes_;
   }
+  // Close() within 'timeout_ns', for QuietRounds: false (open again) when
+  // the passes inside did not all end in time.
+  bool close_within(int64_t timeout_ns) {
+    if (!active_) return true;
+    if (t_depth_ > 0) {
+      ++t_depth_;
+      return true;
+    }
+    std::unique_lock<std::mutex> l(mu_);
+    ++closers_;
+    if (!cv_.wait_for(l, std::chrono::nanoseconds(timeout_ns),
+                      [&] { return inside_ == 0; })) {
+      --closers_;
+      cv_.notify_all();
+      return false;
+    }
+    t_depth_ = 1;
+    ++closes_;
+    return true;
+  }
+  void open() { Open(); }
+  bool active() const { return active_; }
   void Open() {
     if (!active_) return;
     if (--t_depth_ > 0) return;
@@ -72,18 +110,87 @@ class StandInGate {
 };
 thread_local int StandInGate::t_depth_ = 0;
 
+// A simulated device: a worker thread runs the kernels launched to it, one
+// after another in launch order, as a GPU runs one stream's.  A launch passes
+// the stand-in gate (held while it is closed); Drain() waits until every
+// kernel launched before it ran, as a device synchronization does.
+class SimDevice {
+ public:
+  SimDevice() : worker_([this] { Run(); }) { worker_.detach(); }
+  // Returns the kernel's number (for WaitFor).
+  uint64_t Launch(std::function<void()> kernel) {
+    StandInGate::Get().Enter();
+    uint64_t n;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back(std::move(kernel));
+      n = ++launched_;
+    }
+    cv_.notify_all();
+    StandInGate::Get().Leave();
+    return n;
+  }
+  // Waits for the kernels launched so far (all threads').
+  void Drain() {
+    std::unique_lock<std::mutex> l(mu_);
+    const uint64_t upto = launched_;
+    cv_.wait(l, [&] { return ran_ >= upto; });
+  }
+  // Waits for kernel number 'n' (launched_ after its launch) to have run.
+  void WaitFor(uint64_t n) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return ran_ >= n; });
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return !queue_.empty(); });
+      std::function<void()> k = std::move(queue_.front());
+      queue_.pop_front();
+      l.unlock();
+      k();
+      l.lock();
+      ++ran_;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t launched_ = 0, ran_ = 0;
+  std::thread worker_;
+};
+constexpr int kSimDevices = 2;
+SimDevice& Sim(int d) {
+  static SimDevice* devices = new SimDevice[kSimDevices];  // never destroyed
+  return devices[d];
+}
+// The handshake's marks (LaunchHandshake), one per simulated device.
+std::atomic<int> g_handshake[kSimDevices];
+// Per thread: the last kernel it launched on each device (Finish).
+thread_local uint64_t t_last_launch[kSimDevices] = {};
+
 // The memfd page backend with the stand-in gate.  Host pages made on another
 // thread than the one that made the backend (the sub-allocator's filler) take
 // LMS_TEST_FILLER_PAGE_DELAY_MS longer, as a GPU driver's page creation does.
 class GatedPosixBackend : public tsl::LmsPageBackend {
  public:
-  explicit GatedPosixBackend(size_t page_size)
+  // 'drains': the simulated devices a quiesce drains (this allocator's
+  // device and its peers; none for a single-device test).
+  explicit GatedPosixBackend(size_t page_size, std::vector<int> drains = {})
       : b_(tsl::CreatePosixLmsPageBackend(page_size)),
         owner_(std::this_thread::get_id()),
         filler_delay_ms_([] {
           const char* v = std::getenv("LMS_TEST_FILLER_PAGE_DELAY_MS");
           return v ? std::atoi(v) : 0;
-        }()) {}
+        }()),
+        drains_(std::move(drains)),
+        first_wait_ns_(tsl::LmsQuiesceWaitMsFromEnv() * 1000000),
+        drainer_([this] {
+          for (int d : drains_) Sim(d).Drain();
+        }) {}
   std::string Name() const override { return b_->Name() + "+stand-in gate"; }
   size_t page_size() const override { return b_->page_size(); }
   void* ReserveAddressRange(size_t bytes) override {
@@ -111,20 +218,39 @@ class GatedPosixBackend : public tsl::LmsPageBackend {
                     std::vector<Placed>* placed) override {
     return b_->Remap(va, n, to_host, from, to, placed);
   }
-  void Quiesce() override { StandInGate::Get().Close(); }
-  void Resume() override { StandInGate::Get().Open(); }
+  // As the CUDA backend: the outermost scope of a thread closes the
+  // stand-in gate and drains this device and its peers in QuietRounds'
+  // bounded rounds; a nested one finds that done.
+  void Quiesce() override {
+    if (t_quiet_depth_++ > 0) return;
+    StandInGate& g = StandInGate::Get();
+    gate_core::QuietRounds::get().begin(g.active() ? &g : nullptr, drainer_,
+                                        first_wait_ns_, 64 * first_wait_ns_);
+  }
+  void Resume() override {
+    if (--t_quiet_depth_ > 0) return;
+    StandInGate& g = StandInGate::Get();
+    gate_core::QuietRounds::get().end(g.active() ? &g : nullptr);
+  }
   void AddLaunchGateStats(tsl::LmsStats* s) const override {
     StandInGate::Get().Stats(s);
+    s->launch_gate_quiesce_retries =
+        gate_core::QuietRounds::get().counters().retries;
   }
   tsl::AllocatorMemoryType GetMemoryType() const override {
     return b_->GetMemoryType();
   }
 
  private:
+  static thread_local int t_quiet_depth_;
   std::unique_ptr<tsl::LmsPageBackend> b_;
   const std::thread::id owner_;
   const int filler_delay_ms_;
+  const std::vector<int> drains_;
+  const int64_t first_wait_ns_;
+  gate_core::Drainer drainer_;  // last: its thread reads drains_
 };
+thread_local int GatedPosixBackend::t_quiet_depth_ = 0;
 
 inline uint32_t Pattern(uint32_t seed, size_t i) {
   uint64_t x = (static_cast<uint64_t>(seed) << 32) ^ (i * 0x9E3779B97F4A7C15ull);
@@ -194,6 +320,40 @@ size_t CountMismatchesAdd(const void* p, size_t bytes, uint32_t seed,
   for (size_t i = 0; i < bytes / 4; ++i) bad += w[i] != Pattern(seed, i) + add;
   return bad;
 }
+
+int Devices() { return kSimDevices; }
+
+bool PeerAccess(int, int) { return true; }
+
+std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocatorOn(
+    int device, size_t va_bytes, size_t device_bytes, size_t host_bytes) {
+  std::vector<int> drains = {device};
+  for (int d = 0; d < kSimDevices; ++d) {
+    if (d != device) drains.push_back(d);
+  }
+  return tsl::LmsVirtualMemSubAllocator::Create(
+      std::make_unique<GatedPosixBackend>(tsl::LmsPageBytes(device_bytes),
+                                          std::move(drains)),
+      va_bytes, device_bytes, host_bytes, {}, {}, device, 0);
+}
+
+void UseDevice(int) {}
+
+void LaunchAdd(int device, void* p, size_t bytes) {
+  t_last_launch[device] = Sim(device).Launch([p, bytes] {
+    volatile uint32_t* w = static_cast<volatile uint32_t*>(p);
+    for (size_t i = 0; i < bytes / 4; ++i) w[i] = w[i] + 1;
+  });
+}
+
+void LaunchHandshake(int device, int round) {
+  t_last_launch[device] = Sim(device).Launch([device, round] {
+    g_handshake[device].store(round);
+    while (g_handshake[1 - device].load() < round) std::this_thread::yield();
+  });
+}
+
+void Finish(int device) { Sim(device).WaitFor(t_last_launch[device]); }
 
 void* WritersBegin() { return nullptr; }
 

@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 #include "lms_test_support.h"
 #include "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h"
@@ -14,6 +16,8 @@ extern "C" void* lms_test_stream_create();
 extern "C" void lms_test_stream_destroy(void* stream);
 extern "C" int lms_test_increment_and_wait(void* p, size_t bytes, int passes,
                                            void* stream);
+extern "C" int lms_test_add_async(void* p, size_t bytes, void* stream);
+extern "C" int lms_test_handshake_async(int device, int round, void* stream);
 
 namespace lms_test {
 namespace {
@@ -132,6 +136,84 @@ void* WritersBegin() {
 }
 
 void WritersEnd(void* stream) { lms_test_stream_destroy(stream); }
+
+namespace {
+// The primary context of GPU 'device'.
+CUcontext PrimaryContextOf(int device) {
+  static std::mutex mu;
+  static std::map<int, CUcontext> ctxs;
+  PrimaryContext();  // cuInit
+  std::lock_guard<std::mutex> l(mu);
+  auto it = ctxs.find(device);
+  if (it != ctxs.end()) return it->second;
+  CUdevice dev;
+  CHECK_EQ(cuDeviceGet(&dev, device), CUDA_SUCCESS);
+  CUcontext c;
+  CHECK_EQ(cuDevicePrimaryCtxRetain(&c, dev), CUDA_SUCCESS);
+  ctxs[device] = c;
+  return c;
+}
+// This thread's stream on each GPU (made on first use, never destroyed).
+thread_local std::map<int, void*> t_streams;
+void* ThreadStream(int device) {
+  void*& s = t_streams[device];
+  if (s == nullptr) {
+    cuCtxSetCurrent(PrimaryContextOf(device));
+    s = lms_test_stream_create();
+  }
+  return s;
+}
+}  // namespace
+
+int Devices() {
+  PrimaryContext();
+  int n = 0;
+  CHECK_EQ(cuDeviceGetCount(&n), CUDA_SUCCESS);
+  return n;
+}
+
+bool PeerAccess(int from, int to) {
+  PrimaryContext();
+  CUdevice a, b;
+  int can = 0;
+  return cuDeviceGet(&a, from) == CUDA_SUCCESS &&
+         cuDeviceGet(&b, to) == CUDA_SUCCESS &&
+         cuDeviceCanAccessPeer(&can, a, b) == CUDA_SUCCESS && can != 0;
+}
+
+std::unique_ptr<tsl::LmsVirtualMemSubAllocator> MakeLmsSubAllocatorOn(
+    int device, size_t va_bytes, size_t device_bytes, size_t host_bytes) {
+  std::vector<int> peers;
+  for (int d = 0; d < Devices(); ++d) {
+    if (d != device) peers.push_back(d);
+  }
+  auto backend = tensorflow::CreateGpuLmsPageBackend(
+      PrimaryContextOf(device), device, tsl::LmsPageBytes(device_bytes),
+      peers);
+  CHECK(backend.ok()) << backend.status();
+  return tsl::LmsVirtualMemSubAllocator::Create(
+      std::move(backend).value(), va_bytes, device_bytes, host_bytes, {}, {},
+      device, 0);
+}
+
+void UseDevice(int device) { cuCtxSetCurrent(PrimaryContextOf(device)); }
+
+void LaunchAdd(int device, void* p, size_t bytes) {
+  void* s = ThreadStream(device);
+  cuCtxSetCurrent(PrimaryContextOf(device));
+  CHECK_EQ(lms_test_add_async(p, bytes, s), 0);
+}
+
+void LaunchHandshake(int device, int round) {
+  void* s = ThreadStream(device);
+  cuCtxSetCurrent(PrimaryContextOf(device));
+  CHECK_EQ(lms_test_handshake_async(device, round, s), 0);
+}
+
+void Finish(int device) {
+  void* s = ThreadStream(device);
+  CHECK_EQ(cuStreamSynchronize(static_cast<CUstream>(s)), CUDA_SUCCESS);
+}
 
 int AddPasses(void* stream, void* p, size_t bytes) {
   constexpr int kPassesPerKernel = 4;

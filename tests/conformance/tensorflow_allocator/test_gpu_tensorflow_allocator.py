@@ -141,6 +141,39 @@ def test_tensorflow_lms_allocator_fails_closed_without_the_gate(tmp_path):
         assert res.get(name) in ("completed", "run"), (name, res.get(name), tail)
 
 
+MULTI_DEVICE = "LmsMultiDevice.TwoDevicesMoveWhileEachWritesTheOthersMemory"
+
+
+@pytest.mark.gpu
+def test_tensorflow_two_gpus_move_while_each_writes_the_other(tmp_path):
+    """Two GPUs in one process (a 2-GPU machine; skipped with fewer): each GPU's LMS allocator
+    spills and returns two tensors round after round while a kernel on the other GPU adds 1 to
+    every word of them through the peer mapping of their pages (device or host), and a handshake
+    pair of kernels (one per GPU, each spinning until the other ran, as a collective's do) is
+    launched from two threads, GPU 1's late. No hang (the test's watchdog exits 3), no fault,
+    every word equal to its pattern plus the adds made; quiesce rounds caught with a handshake
+    kernel waiting for its held partner are given up and started over."""
+    if not BINARY.exists():
+        missing(f"{BINARY} not built (see the module docstring)")
+    xml = tmp_path / "gtest.xml"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(BUNDLE), "LMS_TEST_RACE_SECONDS": "20",
+           "LMS_TEST_WATCHDOG_SECONDS": "240"}
+    r = subprocess.run([str(BINARY), f"--gtest_filter={MULTI_DEVICE}", f"--gtest_output=xml:{xml}"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=400, env=env)
+    tail = "\n".join(r.stdout.splitlines()[-80:])
+    print("\n".join(l for l in r.stdout.splitlines()
+                    if "mover rounds" in l or "Quiesce rounds given up" in l
+                    or "Bytes swapped" in l))
+    assert r.returncode == 0, tail
+    res = gtest_results(xml)
+    if res.get(MULTI_DEVICE) == "skipped":
+        assert "needs 2 devices" in r.stdout or NO_CUPTI in r.stdout, tail  # or peer access
+        pytest.skip("fewer than 2 GPUs (or no CUPTI): " + next(
+            (l for l in r.stdout.splitlines() if "needs 2 devices" in l or NO_CUPTI in l), ""))
+    assert res.get(MULTI_DEVICE) in ("completed", "run"), (res, tail)
+
+
 BANDWIDTH = "HostPagesMadeAhead/LmsBandwidth.SpillAndReturnBandwidth"
 
 

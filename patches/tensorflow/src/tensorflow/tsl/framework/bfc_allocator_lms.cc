@@ -92,9 +92,13 @@ limitations under the License.
 //      calls the alloc visitors, is outside them), and a thread held at the
 //      gate cannot own this lock_ (the mover does).  A thread held at the gate
 //      may own another allocator's lock; that allocator's mover then waits for
-//      its lock_, not at the gate, until this scope ends.  Two movers of two
-//      allocators may close the gate at once: each passes its own calls and
-//      neither waits for the other.
+//      its lock_, not at the gate, until this scope ends.  Movers of two
+//      allocators (two GPUs) quiesce one at a time (the shared core's
+//      QuietRounds): one waiting for another holds no launch;
+//  (c) the waits for the gate to close and for the devices to drain are
+//      bounded while launches are held (QuietRounds): work queued on one GPU
+//      may wait for a launch held on another (a collective's partner
+//      kernel), so a round past its bound opens the gate and starts over.
 
 #include <algorithm>
 #include <utility>

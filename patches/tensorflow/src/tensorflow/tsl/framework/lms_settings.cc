@@ -63,7 +63,8 @@ std::string LmsStats::DebugString() const {
       "\nLaunch gate gated calls: ", launch_gate_gated_calls,
       "\nLaunch gate closes: ", launch_gate_closes,
       "\nLaunch gate close wait ns: ", launch_gate_close_wait_ns,
-      "\nLaunch gate calls held: ", launch_gate_calls_held, "\n");
+      "\nLaunch gate calls held: ", launch_gate_calls_held,
+      "\nQuiesce rounds given up: ", launch_gate_quiesce_retries, "\n");
 }
 
 namespace {
@@ -126,6 +127,18 @@ size_t LmsHostMemLimitFromEnv(size_t default_bytes) {
     return default_bytes;
   }
   return LmsHostMemLimitBytes(e.mb, name, default_bytes);
+}
+
+int64_t LmsQuiesceWaitMsFromEnv() {
+  const char* name = "TF_LMS_QUIESCE_WAIT_MS";
+  const EnvMiB e = ReadEnvMiB(name);  // a whole number, read as MiB are
+  if (e.text == nullptr) return kLmsQuiesceWaitMsDefault;
+  if (e.mb >= 1 && e.mb <= kLmsQuiesceWaitMsMax) return e.mb;
+  LOG(ERROR) << name << "=\"" << e.text
+             << "\" is not a whole number of milliseconds from 1 to "
+             << kLmsQuiesceWaitMsMax << "; using the default of "
+             << kLmsQuiesceWaitMsDefault << " ms.";
+  return kLmsQuiesceWaitMsDefault;
 }
 
 size_t LmsPageBytes(size_t device_bytes) {

@@ -99,6 +99,12 @@ struct LmsStats {
   int64_t launch_gate_closes = 0;          // Moves that closed the gate.
   int64_t launch_gate_close_wait_ns = 0;   // Time closing waited for calls.
   int64_t launch_gate_calls_held = 0;      // Calls that waited at the gate.
+  // Quiesce rounds given up because the gate did not close or the devices
+  // did not drain within their bound (TF_LMS_QUIESCE_WAIT_MS, doubled per
+  // round): work queued on one GPU waited for a launch the gate held on
+  // another (a collective's partner kernel).  The gate was opened and the
+  // round started over.
+  int64_t launch_gate_quiesce_retries = 0;
 
   std::string DebugString() const;
 };
@@ -473,6 +479,15 @@ class LmsRemapFaults {
 Status LmsRemapFailed(const Status& failed,
                       const std::vector<LmsPageBackend::Placed>& placed,
                       const Status& back);
+
+// TF_LMS_QUIESCE_WAIT_MS: the first bound, in milliseconds, on closing the
+// launch gate and on draining the devices before a page move (doubled per
+// round given up, up to 64 times; LmsStats::launch_gate_quiesce_retries).
+// A whole number from 1 to 60000; 100 when unset; another value is refused
+// with an error naming the variable, and 100 used.
+int64_t LmsQuiesceWaitMsFromEnv();
+constexpr int64_t kLmsQuiesceWaitMsDefault = 100;
+constexpr int64_t kLmsQuiesceWaitMsMax = 60000;
 
 // Whether the page backend's launch gate is wanted: false when
 // TF_LMS_LAUNCH_GATE is 0, false, False, FALSE, off or no; true otherwise.

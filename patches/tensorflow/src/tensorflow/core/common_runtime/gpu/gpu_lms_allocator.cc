@@ -27,6 +27,7 @@ limitations under the License.
 #include "tensorflow/compiler/xla/stream_executor/device_id_utils.h"
 #include "tensorflow/compiler/xla/stream_executor/gpu/gpu_init.h"
 #include "tensorflow/compiler/xla/stream_executor/stream_executor.h"
+#include "tensorflow/core/common_runtime/gpu/gpu_id_manager.h"
 #include "tensorflow/core/common_runtime/gpu/gpu_lms_page_backend.h"
 #endif
 
@@ -35,7 +36,8 @@ namespace tensorflow {
 std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
     const GPUOptions& options, tsl::PlatformDeviceId platform_device_id,
     const std::vector<tsl::SubAllocator::Visitor>& alloc_visitors,
-    size_t device_bytes, size_t* bfc_total_bytes) {
+    size_t device_bytes, const std::vector<tsl::TfDeviceId>& peer_gpu_ids,
+    size_t* bfc_total_bytes) {
   if (!options.experimental().lms_enabled()) return nullptr;
 #if GOOGLE_CUDA
   namespace se = ::stream_executor;
@@ -45,9 +47,22 @@ std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
           .value();
   auto* gpu_context = reinterpret_cast<se::gpu::GpuContext*>(
       executor->implementation()->GpuContextHack());
-  auto backend = CreateGpuLmsPageBackend(gpu_context->context(),
-                                         platform_device_id.value(),
-                                         tsl::LmsPageBytes(device_bytes));
+  // The peers' CUDA ordinals (TF ids mapped as upstream's
+  // CreateSubAllocator maps them for GpuVirtualMemAllocator).
+  std::vector<int> peers;
+  for (const tsl::TfDeviceId tf_peer : peer_gpu_ids) {
+    tsl::PlatformDeviceId platform_peer;
+    if (!GpuIdManager::TfToPlatformDeviceId(tf_peer, &platform_peer).ok()) {
+      continue;
+    }
+    if (std::find(peers.begin(), peers.end(), platform_peer.value()) ==
+        peers.end()) {
+      peers.push_back(platform_peer.value());
+    }
+  }
+  auto backend = CreateGpuLmsPageBackend(
+      gpu_context->context(), platform_device_id.value(),
+      tsl::LmsPageBytes(device_bytes), peers);
   if (!backend.ok()) {
     LOG(ERROR) << "Large Model Support is not available on GPU "
                << platform_device_id.value() << ": " << backend.status();

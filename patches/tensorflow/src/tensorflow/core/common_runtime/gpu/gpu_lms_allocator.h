@@ -34,10 +34,15 @@ namespace tensorflow {
 // memory, and sets '*bfc_total_bytes' to the size of its virtual address
 // range: the BFC allocator's pool limit.  Returns nullptr (LMS off) otherwise
 // or when the GPU/driver lacks the needed VMM features (logged).
+// 'peer_gpu_ids' are the other TF GPUs, as GPUProcessState::GetGPUAllocator
+// receives them: the pages under tensors are mapped for those that can
+// access this GPU's memory (as upstream's GpuVirtualMemAllocator maps its
+// memory), and a page move drains them too.
 std::unique_ptr<tsl::SubAllocator> MaybeCreateGpuLmsSubAllocator(
     const GPUOptions& options, tsl::PlatformDeviceId platform_device_id,
     const std::vector<tsl::SubAllocator::Visitor>& alloc_visitors,
-    size_t device_bytes, size_t* bfc_total_bytes);
+    size_t device_bytes, const std::vector<tsl::TfDeviceId>& peer_gpu_ids,
+    size_t* bfc_total_bytes);
 
 }  // namespace tensorflow
 

@@ -18,6 +18,7 @@ limitations under the License.
 #if GOOGLE_CUDA
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,9 +27,12 @@ limitations under the License.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -41,8 +45,10 @@ namespace tensorflow {
 namespace gpu_lms {
 // The launch gate's core (CUPTI API callbacks on every work-submitting driver
 // and runtime call; close() holds other threads' submissions at entry and
-// waits for those inside, open() lets them go): framework-neutral, shared
-// with PyTorch's LMS (patches/shared/lms_launch_gate_core.inc).
+// waits for those inside, open() lets them go) and the bounded quiesce rounds
+// (QuietRounds: why a mover never waits without a bound while it holds
+// launches): framework-neutral, shared with PyTorch's LMS
+// (patches/shared/lms_launch_gate_core.inc).
 #include "tensorflow/core/common_runtime/gpu/gpu_lms_launch_gate_core.inc"
 }  // namespace gpu_lms
 
@@ -95,6 +101,20 @@ void ReadLaunchGateStats(tsl::LmsStats* stats) {
   stats->launch_gate_closes = c.closes;
   stats->launch_gate_close_wait_ns = c.close_wait_ns;
   stats->launch_gate_calls_held = c.calls_held;
+  stats->launch_gate_quiesce_retries =
+      gpu_lms::QuietRounds::get().counters().retries;
+}
+
+// The context of each GPU that has an LMS page backend, by ordinal: a move
+// drains its own GPU and its peers (Quiesce), in the contexts their work
+// runs in.
+struct BackendContexts {
+  std::mutex mu;
+  std::multimap<int, CUcontext> by_ordinal;
+};
+BackendContexts& Contexts() {
+  static auto* c = new BackendContexts();  // outlives static destructors
+  return *c;
 }
 
 // Starts the gate the first time an LMS page backend is created.
@@ -186,8 +206,23 @@ class GpuLmsPageBackend : public LmsPageBackend {
         numa_id_(numa_id),
         page_(page),
         chunk_pages_(std::max<size_t>(1, kChunkBytes / page)),
-        stream_(stream) {}
+        stream_(stream),
+        first_wait_ns_(tsl::LmsQuiesceWaitMsFromEnv() * 1000000),
+        drainer_([this] { DrainDevices(); }) {
+    std::lock_guard<std::mutex> l(Contexts().mu);
+    Contexts().by_ordinal.emplace(ordinal_, ctx_);
+  }
   ~GpuLmsPageBackend() override {
+    {
+      std::lock_guard<std::mutex> l(Contexts().mu);
+      auto range = Contexts().by_ordinal.equal_range(ordinal_);
+      for (auto it = range.first; it != range.second; ++it) {
+        if (it->second == ctx_) {
+          Contexts().by_ordinal.erase(it);
+          break;
+        }
+      }
+    }
     ScopedContext sc(ctx_);
     // The sub-allocator destroyed every page (and its own mapping) before.
     for (CUdeviceptr slab : slabs_) {
@@ -318,39 +353,37 @@ class GpuLmsPageBackend : public LmsPageBackend {
     cuStreamSynchronize(stream_);
     return PutBack(base, moved + (hole ? 1 : 0), moved, from, to, s, placed);
   }
-  // Several GPUs.  The gate is process-wide: while this GPU's mover has it
-  // closed, launches for other GPUs wait too.  That is what keeps a move safe
-  // from them: the pages under tensors are mapped for the peer GPUs too
-  // (MapLocked), and cross-device copies and NCCL kernels (single-process
-  // NCCL may read a peer's buffers directly) run in other GPUs' contexts.
-  // Its cost: if work already queued on this GPU waits for a launch on
-  // another GPU (a collective whose partner kernel is not launched yet), the
-  // synchronization below waits for a launch the gate holds, and does not
-  // return.  Holding only this GPU's launches (per-device gating) would
-  // remove that wait but let another GPU's work touch a page while it moves;
-  // holding this GPU's launches during the synchronization and everyone's
-  // afterwards still has to wait for the other GPUs' queued work, with the
-  // same hazard.  Neither is sound without knowing which work touches which
-  // memory, so the gate stays process-wide (issue 40: not done); with
-  // collectives across GPUs, run LMS where a spill cannot meet one in
-  // flight, or give each GPU its own process.
-  // Closes the launch gate (when it is active) and synchronizes the context;
-  // Resume() opens the gate again.  A failed synchronization is logged and
-  // the gate stays closed until Resume(): QuietScope pairs them on every
-  // path.
+  // Several GPUs.  Pages of this GPU are mapped for its peers (MapLocked),
+  // so a move must meet no work of this GPU nor of a peer: the gate holds
+  // every launch of the process, and this GPU and its peers are drained
+  // (DrainDevices).  Work queued on one GPU may wait for a launch on
+  // another (an NCCL collective's partner kernel): the outermost Quiesce of
+  // a thread therefore closes the gate and drains in bounded rounds
+  // (QuietRounds in the shared core: it never waits without a bound while
+  // it holds launches, and one mover of the process holds them at a time),
+  // first bound TF_LMS_QUIESCE_WAIT_MS, doubled per round given up, up to
+  // 64 times that.  A nested Quiesce (a return inside a spill's scope) finds
+  // the gate closed and the devices drained by its outer scope; it waits for
+  // this GPU's own work, the only work that can have been queued since.
+  // A failed synchronization is logged; Resume() opens the gate on every
+  // path (QuietScope pairs them).
   void Quiesce() override {
-    if (t_quiet_depth++ == 0) {
-      t_quiet_gated = LaunchGate::get().active();
-      if (t_quiet_gated) LaunchGate::get().close();
+    if (t_quiet_depth++ > 0) {
+      ScopedContext sc(ctx_);
+      CUresult r = cuCtxSynchronize();
+      if (r != CUDA_SUCCESS) LOG(ERROR) << CuStatus(r, "cuCtxSynchronize");
+      return;
     }
-    ScopedContext sc(ctx_);
-    CUresult r = cuCtxSynchronize();
-    if (r != CUDA_SUCCESS) LOG(ERROR) << CuStatus(r, "cuCtxSynchronize");
+    t_quiet_gated = LaunchGate::get().active();
+    gpu_lms::QuietRounds::get().begin(
+        t_quiet_gated ? &LaunchGate::get() : nullptr, drainer_,
+        first_wait_ns_, 64 * first_wait_ns_);
   }
   void Resume() override {
-    if (--t_quiet_depth == 0 && t_quiet_gated) {
+    if (--t_quiet_depth == 0) {
+      gpu_lms::QuietRounds::get().end(t_quiet_gated ? &LaunchGate::get()
+                                                    : nullptr);
       t_quiet_gated = false;
-      LaunchGate::get().open();
     }
   }
   void AddLaunchGateStats(tsl::LmsStats* stats) const override {
@@ -411,11 +444,12 @@ class GpuLmsPageBackend : public LmsPageBackend {
   }
 
   // Maps 'handle' at 'va', readable and writable by this GPU and, for the
-  // pages under tensors ('peers'), by the peer GPUs that can access it
-  // (TensorFlow enables peer access between such GPUs, and NCCL and
-  // cross-device copies read tensors directly: memory mapped for one
-  // device only would fault there).  A page's own mapping (copies of
-  // this GPU's stream only) skips them: each device given costs the driver.
+  // pages under tensors ('peers'), by the peer GPUs of peers_: those
+  // TensorFlow enabled peer access for, whose cross-device copies, NCCL
+  // kernels and peer reads touch tensors directly, as they touch upstream's
+  // cudaMalloc and virtual-memory allocations (memory mapped for one device
+  // only would fault there).  A page's own mapping (copies on this GPU's
+  // move stream only) skips them: each device given costs the driver.
   Status MapLocked(CUdeviceptr va, PageHandle handle, bool peers = true) {
     TF_RETURN_IF_ERROR(CuStatus(
         cuMemMap(va, page_, 0,
@@ -466,6 +500,49 @@ class GpuLmsPageBackend : public LmsPageBackend {
     return tsl::OkStatus();
   }
 
+  // Synchronizes this GPU and each peer its pages are mapped for, in the
+  // context of an LMS backend of that GPU, else its primary context when
+  // one is active (TensorFlow's GPU devices run in primary contexts); a GPU
+  // with neither has no work.  Runs on the drainer's thread: only
+  // synchronizations and context switches, none of them a gated call.
+  void DrainDevices() {
+    std::vector<CUcontext> ctxs = {ctx_};
+    std::vector<CUdevice> primaries;
+    {
+      std::lock_guard<std::mutex> l(Contexts().mu);
+      for (int d : peers_) {
+        auto it = Contexts().by_ordinal.find(d);
+        if (it != Contexts().by_ordinal.end()) {
+          ctxs.push_back(it->second);
+          continue;
+        }
+        CUdevice dev;
+        unsigned int flags = 0;
+        int active = 0;
+        if (cuDeviceGet(&dev, d) == CUDA_SUCCESS &&
+            cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
+            active) {
+          primaries.push_back(dev);
+        }
+      }
+    }
+    for (CUcontext c : ctxs) {
+      ScopedContext sc(c);
+      CUresult r = cuCtxSynchronize();
+      if (r != CUDA_SUCCESS) LOG(ERROR) << CuStatus(r, "cuCtxSynchronize");
+    }
+    for (CUdevice dev : primaries) {
+      CUcontext c;
+      if (cuDevicePrimaryCtxRetain(&c, dev) != CUDA_SUCCESS) continue;
+      {
+        ScopedContext sc(c);
+        CUresult r = cuCtxSynchronize();
+        if (r != CUDA_SUCCESS) LOG(ERROR) << CuStatus(r, "cuCtxSynchronize");
+      }
+      cuDevicePrimaryCtxRelease(dev);
+    }
+  }
+
   // At least 'n' events for the chunks of one move (allocator lock held).
   Status EnsureEvents(size_t n) {
     while (events_.size() < n) {
@@ -482,7 +559,8 @@ class GpuLmsPageBackend : public LmsPageBackend {
 
   const CUcontext ctx_;
   const int ordinal_;
-  const std::vector<int> peers_;  // GPUs that can access this one's memory
+  // GPUs the pages under tensors are mapped for (CreateGpuLmsPageBackend)
+  const std::vector<int> peers_;
   const CUdevice dev_;
   const int numa_id_;
   const size_t page_;
@@ -494,6 +572,8 @@ class GpuLmsPageBackend : public LmsPageBackend {
   std::unordered_map<PageHandle, CUdeviceptr> own_;
   std::vector<CUdeviceptr> free_slots_;
   std::vector<CUdeviceptr> slabs_;
+  const int64_t first_wait_ns_;  // QuietRounds' first bound
+  gpu_lms::Drainer drainer_;     // last: its thread calls DrainDevices
 };
 
 #if CUDA_VERSION >= 12020
@@ -535,7 +615,8 @@ bool HostNumaVmmSupported(CUdevice dev, int numa_id) {
 }  // namespace
 
 tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
-    CUcontext context, int device_ordinal, size_t page_bytes) {
+    CUcontext context, int device_ordinal, size_t page_bytes,
+    const std::vector<int>& peer_ordinals) {
 #if CUDA_VERSION < 12020
   return tsl::errors::Unimplemented(
       "Large Model Support needs CUDA >= 12.2 (host-located VMM pages).");
@@ -559,13 +640,43 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
   if (page_bytes == 0) {
     return tsl::errors::InvalidArgument("LMS page size of 0 bytes");
   }
+  // The peers the pages under tensors are mapped for: those of
+  // 'peer_ordinals' that can access this GPU's memory and map VMM memory, as
+  // upstream's GpuVirtualMemAllocator chooses them from the same list.
+  std::vector<int> peers;
+  for (int d : peer_ordinals) {
+    CUdevice peer;
+    int can = 0, peer_vmm = 0;
+    if (d == device_ordinal ||
+        std::find(peers.begin(), peers.end(), d) != peers.end() ||
+        cuDeviceGet(&peer, d) != CUDA_SUCCESS) {
+      continue;
+    }
+    cuDeviceGetAttribute(
+        &peer_vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        peer);
+    if (cuDeviceCanAccessPeer(&can, peer, dev) == CUDA_SUCCESS && can &&
+        peer_vmm) {
+      peers.push_back(d);
+    } else {
+      LOG(INFO) << "Large Model Support: GPU " << d
+                << " cannot access GPU " << device_ordinal
+                << "'s LMS pages (no peer access or no virtual memory "
+                   "management)";
+    }
+  }
+  // The page: a multiple of the granularity of this GPU, its host NUMA node
+  // and every peer (the largest of them, as upstream takes).
   size_t page = page_bytes;
-  for (bool host : {false, true}) {
+  std::vector<std::pair<CUmemLocationType, int>> places = {
+      {CU_MEM_LOCATION_TYPE_DEVICE, device_ordinal},
+      {CU_MEM_LOCATION_TYPE_HOST_NUMA, numa_id}};
+  for (int d : peers) places.push_back({CU_MEM_LOCATION_TYPE_DEVICE, d});
+  for (const auto& place : places) {
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type =
-        host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = host ? numa_id : device_ordinal;
+    prop.location.type = place.first;
+    prop.location.id = place.second;
     size_t g = 0;
     TF_RETURN_IF_ERROR(CuStatus(
         cuMemGetAllocationGranularity(&g, &prop,
@@ -576,18 +687,6 @@ tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
   CUstream stream;
   TF_RETURN_IF_ERROR(
       CuStatus(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
-  // Peer GPUs given access to the pages under tensors (MapLocked).
-  std::vector<int> peers;
-  int count = 0;
-  cuDeviceGetCount(&count);
-  for (int d = 0; d < count; ++d) {
-    CUdevice peer;
-    int can = 0;
-    if (d == device_ordinal || cuDeviceGet(&peer, d) != CUDA_SUCCESS) continue;
-    if (cuDeviceCanAccessPeer(&can, peer, dev) == CUDA_SUCCESS && can) {
-      peers.push_back(d);
-    }
-  }
   StartLaunchGateOnce();
   return std::unique_ptr<tsl::LmsPageBackend>(new GpuLmsPageBackend(
       context, device_ordinal, dev, numa_id, page, stream, std::move(peers)));

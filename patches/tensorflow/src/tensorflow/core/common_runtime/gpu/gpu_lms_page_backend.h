@@ -21,13 +21,16 @@ limitations under the License.
 //
 // Before pages that may hold live data move, Quiesce() closes the launch gate
 // (CUPTI callbacks hold every other thread's kernel launches and copies at the
-// CUDA API) and synchronizes the context; Resume() opens it (see the .cc).
+// CUDA API) and synchronizes this GPU and its peers, in bounded rounds (with
+// collectives across GPUs, queued work may wait for a held launch); Resume()
+// opens it (see the .cc).
 // The gate starts with the first backend; TF_LMS_LAUNCH_GATE=0 leaves it off.
 
 #ifndef TENSORFLOW_CORE_COMMON_RUNTIME_GPU_GPU_LMS_PAGE_BACKEND_H_
 #define TENSORFLOW_CORE_COMMON_RUNTIME_GPU_GPU_LMS_PAGE_BACKEND_H_
 
 #include <memory>
+#include <vector>
 
 #include "tensorflow/tsl/framework/lms_sub_allocator.h"
 #include "tensorflow/tsl/platform/statusor.h"
@@ -40,8 +43,12 @@ namespace tensorflow {
 // Creates the CUDA VMM page backend for 'device_ordinal' in 'context'
 // (the TF GPU device's context; the primary context in tests), with pages of
 // 'page_bytes' (tsl::LmsPageBytes; rounded up to the driver's granularity).
+// 'peer_ordinals': the other GPUs of the process (CUDA ordinals) that may
+// touch this GPU's tensors; those that can access this GPU's memory get
+// access to its pages under tensors, and a page move drains them too.
 tsl::StatusOr<std::unique_ptr<tsl::LmsPageBackend>> CreateGpuLmsPageBackend(
-    CUcontext context, int device_ordinal, size_t page_bytes);
+    CUcontext context, int device_ordinal, size_t page_bytes,
+    const std::vector<int>& peer_ordinals = {});
 
 }  // namespace tensorflow
 
