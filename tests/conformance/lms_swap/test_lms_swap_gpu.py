@@ -463,13 +463,7 @@ def test_forward_waits_for_its_oldest_copies_not_for_the_allocator(lms_swap, cud
     pending copy while the compute stream stands still (an allocator retry; a UNet at
     1.5x on the H100 made 1-3 a step).  Forward must pace itself on its oldest copies:
     settled steps make no allocator retry in forward, with 1.5x the free device memory
-    saved, and train bitwise as stock.
-
-    The loop runs with expandable segments, as every other GPU loop here and the benchmarks
-    do: with fixed segments, a device filled to 77.6 of 77.7 GiB reserved by 512 MiB blocks
-    makes an occasional retry from fragmentation alone (seen as 1 in 3 settled steps, and 0
-    in 7 in the same loop run outside pytest, with no out-of-memory error in either), which
-    says nothing about how forward paces its copies."""
+    saved, and train bitwise as stock."""
     GiB = 1 << 30
 
     def mlp():
@@ -504,7 +498,6 @@ def test_forward_waits_for_its_oldest_copies_not_for_the_allocator(lms_swap, cud
     net = mlp()
     gc.collect()
     torch.cuda.empty_cache()
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     ballast = []
     try:
         free, _ = torch.cuda.mem_get_info()
@@ -518,7 +511,6 @@ def test_forward_waits_for_its_oldest_copies_not_for_the_allocator(lms_swap, cud
     finally:
         del ballast
         torch.cuda.empty_cache()
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
     s = sw.stats()
     assert s["swap.out_bytes"] > 12 * GiB, s  # a third or more of every step swapped
     assert sum(retries[3:]) == 0, (retries, s)
