@@ -17,6 +17,7 @@
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
