@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -144,7 +145,8 @@ def drive(work, scenario, *args, which="lms", prefix=(), timeout=400, name=None,
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             res = json.loads(line[7:])
-    name = name or "_".join([scenario, which, *args]).replace("=", "-")
+    # one file name whatever the arguments hold (a tree's path has slashes)
+    name = name or re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join([scenario, which, *args]))
     (work["results"] / f"{name}.log").write_text(p.stdout[-20000:] + "\n---stderr---\n" + p.stderr[-20000:])
     if res is not None:
         (work["results"] / f"{name}.json").write_text(json.dumps(res, indent=1))
