@@ -7,7 +7,7 @@ from pathlib import Path
 from .. import LMS_BUILD, catalog, gitutil
 from ..catalog import TagProfile
 from ..errors import LmsError
-from ..overlay.wheelzip import copy_atomic
+from ..atomic import copy_atomic
 from ..patch_ops.apply import apply_patch
 from ..progress import info
 from ..upstream import Source

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..catalog import TagProfile
 from ..upstream import Source
-from . import common, toolchain
+from .. import toolchain
+from . import common
 from .plan import Plan, Step
 
 

@@ -10,7 +10,8 @@ from .. import LMS_BUILD, gitutil
 from ..errors import LmsError
 from ..catalog import TagProfile
 from ..upstream import Source, cache_dir
-from . import common, toolchain
+from .. import toolchain
+from . import common
 from .plan import Plan, Step
 
 

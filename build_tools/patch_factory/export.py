@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import difflib
-import os
-import tempfile
 from pathlib import Path
 
 from .. import gitutil
+from ..atomic import write_atomic
 from ..catalog import TagProfile
 from ..errors import LmsError
 from ..progress import info, step
@@ -27,18 +26,6 @@ def render(prof: TagProfile, source: Source) -> bytes:
     with gitutil.temp_worktree(repo, prof.tag, cache_dir() / "scratch") as wt:
         compose_commit(prof, wt)
         return gitutil.run(wt, *FORMAT_PATCH, binary=True).out
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def export(prof: TagProfile, source: Source) -> Path:

@@ -105,7 +105,7 @@ def wheel_file(cache: Path, py_version: str = WHEEL_PY) -> Path:
     """The tensorflow-cpu wheel for CPython ``py_version`` (default WHEEL_PY) in ``cache``
     (downloaded once with pip, whatever Python runs this: the tools' one wheel downloader, which
     checks it against the profile's pinned sha256 on every call, cached or not)."""
-    from ..overlay.wheels import fetch_wheel
+    from ..wheels import fetch_wheel
     return fetch_wheel(f"tensorflow-cpu=={TF_VERSION}", python_version=py_version, cache_dir=cache,
                        pins=wheel_pins(), progress=log)
 
@@ -121,7 +121,7 @@ def ensure_wheel(cache: Path, wheel: Path | None = None) -> Path:
         return out
     cache.mkdir(parents=True, exist_ok=True)
     if wheel:
-        from ..overlay.wheels import check_pin
+        from ..wheels import check_pin
         check_pin(wheel, wheel_pins(), discard=False, progress=log)
     else:
         wheel = wheel_file(cache)

@@ -48,7 +48,7 @@ def wheel_pins() -> dict[str, str]:
 def wheel_file(cache: Path) -> Path:
     """The GPU wheel (cp311, ~490 MB) in ``cache``, downloaded once with pip and checked against the
     profile's pinned sha256 on every call (the tools' one wheel downloader)."""
-    from ..overlay.wheels import fetch_wheel
+    from ..wheels import fetch_wheel
     return fetch_wheel(f"tensorflow=={TF_VERSION}", python_version="3.11", cache_dir=cache,
                        pins=wheel_pins(), progress=log)
 
@@ -65,7 +65,7 @@ def ensure(cache: Path = DEFAULT_CACHE, wheel: Path | None = None) -> Path:
     """Folder with the wheel's ``tensorflow/include`` and ``symbols/<lib>.txt``; made once. A wheel the
     caller names is checked against the profile's pins as a downloaded one is."""
     if wheel:
-        from ..overlay.wheels import check_pin
+        from ..wheels import check_pin
         check_pin(wheel, wheel_pins(), discard=False, progress=log)
     else:
         wheel = wheel_file(cache)

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..tools import find_tool
+from .tools import find_tool
 
 
 @dataclass
@@ -129,7 +129,7 @@ def compiler_launcher(choice: str | None = "auto") -> str | None:
     'auto': $LMS_COMPILER_LAUNCHER if set, else whichever of sccache/ccache is installed; 'none'
     disables; a name forces that tool (an error if it is not installed).
     """
-    from ..errors import LmsError
+    from .errors import LmsError
     if choice == "auto":
         choice = os.environ.get("LMS_COMPILER_LAUNCHER") or "auto"
     if choice in ("none", "", None):

@@ -15,9 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..archives import extract_zip
-from ..catalog import REPO_ROOT
-from ..errors import LmsError
+from .archives import extract_zip
+from .catalog import REPO_ROOT
+from .errors import LmsError
 from .wheels import fetch_wheel
 
 # CUDA minor version -> the PyPI wheels whose headers match it (versions NVIDIA shipped for 12.4;
@@ -46,7 +46,7 @@ DEFAULT_ROOT = REPO_ROOT / ".cache" / "cuda-home"
 def header_wheels(cuda: str, runtime_pin: str | None = None) -> list[str]:
     if cuda not in HEADER_WHEELS:
         raise LmsError(f"the overlay build knows no CUDA {cuda} header wheels",
-                       hint=f"add them to build_tools/overlay/cudahome.py HEADER_WHEELS (known: {', '.join(HEADER_WHEELS)})")
+                       hint=f"add them to build_tools/cudahome.py HEADER_WHEELS (known: {', '.join(HEADER_WHEELS)})")
     reqs = list(HEADER_WHEELS[cuda])
     if runtime_pin:  # the exact runtime the torch wheel pins wins
         reqs = [runtime_pin if r.startswith("nvidia-cuda-runtime-") else r for r in reqs]
