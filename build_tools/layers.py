@@ -43,7 +43,7 @@ def _part(module: tuple[str, ...]) -> str:
     return module[0] if module else "build_tools"
 
 
-def _imported(tree: ast.AST, module: tuple[str, ...], is_package: bool) -> set[tuple[str, ...]]:
+def _imported(tree: ast.AST, module: tuple[str, ...], is_package: bool, root: Path) -> set[tuple[str, ...]]:
     """Every build_tools module (as a path under the package) that `tree` imports, at any depth
     (imports inside functions count)."""
     here = module if is_package else module[:-1]
@@ -62,12 +62,14 @@ def _imported(tree: ast.AST, module: tuple[str, ...], is_package: bool) -> set[t
                 target = tuple(node.module.split(".")[1:])
             else:
                 continue
-            out.add(target)
-            # `from . import catalog` imports the module catalog, not a name of the package
+            # `from . import catalog` imports the module catalog; `from . import LMS_BUILD` a name of
+            # the package (its __init__)
             for alias in node.names:
-                if (PACKAGE.joinpath(*target, alias.name + ".py").is_file()
-                        or PACKAGE.joinpath(*target, alias.name, "__init__.py").is_file()):
+                if (root.joinpath(*target, alias.name + ".py").is_file()
+                        or root.joinpath(*target, alias.name, "__init__.py").is_file()):
                     out.add(target + (alias.name,))
+                else:
+                    out.add(target)
     return out
 
 
@@ -81,7 +83,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
         part = _part(module)
         edges = graph.setdefault(part, set())
         tree = ast.parse(path.read_text(), str(path))
-        for target in _imported(tree, module, is_package):
+        for target in _imported(tree, module, is_package, package):
             other = _part(target)
             if other != part:
                 edges.add(other)

@@ -101,11 +101,11 @@ def upstream_tree(upstream_repo, tmp_path_factory):
 @pytest.fixture(scope="session")
 def lms_tree(upstream_repo, tmp_path_factory):
     from build_tools import catalog
-    from build_tools.patch_factory.compose import compose_commit
+    from build_tools.patch_factory.compose import compose
 
     def compose(framework: str, tag: str, wt: Path) -> None:
         fw = catalog.framework(framework)
-        compose_commit(catalog.profile(fw, tag), wt)
+        compose(catalog.profile(fw, tag), wt)
 
     yield from _worktrees(upstream_repo, tmp_path_factory, "lms", compose)
 

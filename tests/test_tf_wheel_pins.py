@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from build_tools import catalog
-from build_tools import tf_allocator_build as tfa
+from build_tools.verify import tf_allocator as tfa
 from build_tools.errors import LmsError
 from build_tools.wheels import fetch_wheel
-from build_tools.tf_wiring_check import wheel as twc
+from build_tools.verify.tf_wiring import wheel as twc
 
 TF_CACHE = Path(os.environ.get("LMS_TF_WHEEL_CACHE", tfa.DEFAULT_CACHE))
 WIRING_CACHE = Path(os.environ.get("LMS_TF_WIRING_CACHE", twc.DEFAULT_CACHE))

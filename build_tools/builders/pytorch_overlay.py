@@ -32,8 +32,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
         outputs["wheel"] = build_overlay(prof.tag, tree, dist, python=python, jobs=jobs).wheel
 
     steps = [
-        Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
-             f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
+        Step(common.tree_title(prof, source, tree), action=lambda: common.prepare_tree(prof, source, tree),
              shows=common.tree_commands(prof, source, tree), tree=True),
         Step(f"overlay build: official wheel {ocfg.get('wheel')} for {python}, CUDA headers from NVIDIA's "
              f"PyPI wheels, rebuild libc10_cuda with CMake + ninja, abidiff against the official library, "

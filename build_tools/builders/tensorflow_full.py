@@ -68,8 +68,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
                   f"--repository_cache={cache_dir() / 'bazel-repo-cache'}",  # downloaded dependencies
                   f"--jobs={jobs or os.cpu_count() or 1}", *full.get("bazel_targets", [])]
     steps = [
-        Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
-             f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
+        Step(common.tree_title(prof, source, tree), action=lambda: common.prepare_tree(prof, source, tree),
              shows=common.tree_commands(prof, source, tree), tree=True),
         Step("configure the build without prompts (answers come from the environment)",
              [python, "configure.py"], cwd=tree, env=env),

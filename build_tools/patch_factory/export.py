@@ -10,7 +10,9 @@ from ..catalog import TagProfile
 from ..errors import LmsError
 from ..progress import info, step
 from ..upstream import Source, cache_dir
-from .compose import compose_commit
+from .compose import compose
+
+__all__ = ["FORMAT_PATCH", "check", "check_all", "export", "patch_of", "render"]
 
 # Every option that could vary with the git version's defaults or the user's configuration is named.
 FORMAT_PATCH = [
@@ -20,12 +22,17 @@ FORMAT_PATCH = [
 ]
 
 
+def patch_of(worktree: Path) -> bytes:
+    """The patch of a composed tree's LMS commit (HEAD), as `export` writes it."""
+    return gitutil.run(worktree, *FORMAT_PATCH, binary=True).out
+
+
 def render(prof: TagProfile, source: Source) -> bytes:
     """The patch bytes for the current sources on the tag (nothing is written)."""
     repo, _ = source.ensure(prof.tag)
     with gitutil.temp_worktree(repo, prof.tag, cache_dir() / "scratch") as wt:
-        compose_commit(prof, wt)
-        return gitutil.run(wt, *FORMAT_PATCH, binary=True).out
+        compose(prof, wt)
+        return patch_of(wt)
 
 
 def export(prof: TagProfile, source: Source) -> Path:
