@@ -77,12 +77,12 @@ def cuda_home() -> Path | None:
 def nvcc_check(spec: str) -> Check:
     home = cuda_home()
     if not home:
-        return Check("nvcc (CUDA toolkit)", False, "not found",
+        return Check(f"nvcc (CUDA toolkit) {spec}", False, "not found",
                      f"install a CUDA toolkit {spec} and set CUDA_HOME (or put nvcc on PATH)")
     out = _output([str(home / "bin" / "nvcc"), "--version"])
     m = re.search(r"release (\d+\.\d+)", out)
     ver = m.group(1) if m else "?"
-    return Check("nvcc (CUDA toolkit)", bool(m) and in_range(ver, spec), f"{home}/bin/nvcc {ver}",
+    return Check(f"nvcc (CUDA toolkit) {spec}", bool(m) and in_range(ver, spec), f"{home}/bin/nvcc {ver}",
                  f"this tag builds with CUDA {spec}: install one and point CUDA_HOME at it")
 
 

@@ -19,7 +19,7 @@ from .sources import (CONFORMANCE, OPTIONAL_TREE_SOURCES, TREE_CUDA_HEADERS, TRE
 from .upstream_test import adapt_upstream_test
 from .wheel import DEFAULT_CACHE, ensure_wheel
 
-__all__ = ["CUDA_HOME", "CXXFLAGS", "build", "compile_job"]
+__all__ = ["CUDA_HOME", "CXXFLAGS", "build", "compile_flags", "compile_job", "stage_tree"]
 
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 log = log_to("tf_allocator")
@@ -73,6 +73,52 @@ def compile_job(job: tuple[list[str], Path, Path]) -> str:
     return f"compiled {src.name}"
 
 
+def stage_tree(tree: Path, overlay: Path, cuda_include: Path | None,
+               overlay_src: Mapping[str, Path] | None) -> list[Path]:
+    """Copy the tree's files the program needs into ``overlay`` (made afresh): the LMS ones from
+    ``overlay_src`` when given (upstream path -> file), the CUDA ones only with ``cuda_include``, which
+    is also linked where the sources include cuda.h from (third_party/gpus/cuda/include). Returns the
+    copied .cc files."""
+    def tree_file(rel: str) -> Path:
+        # With overlay_src, the LMS files come from patches/ (what the exported patch adds); the
+        # upstream files the edit series changes always come from the tree.
+        if overlay_src is not None and rel in overlay_src:
+            return overlay_src[rel]
+        if (tree / rel).exists():
+            return tree / rel
+        raise LmsError(f"{rel}: not in {tree}" + (" nor among the LMS sources of patches/"
+                                                  if overlay_src is not None else ""))
+
+    if overlay.exists():
+        shutil.rmtree(overlay)
+    overlay.mkdir(parents=True)
+    sources: list[Path] = []
+    cuda_files = TREE_CUDA_HEADERS + TREE_CUDA_SOURCES if cuda_include is not None else []
+    for rel in TREE_HEADERS + TREE_SOURCES + cuda_files:
+        if (rel in OPTIONAL_TREE_SOURCES and not (overlay_src and rel in overlay_src)
+                and not (tree / rel).exists()):
+            continue
+        dst = overlay / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tree_file(rel), dst)
+        if rel.endswith(".cc"):
+            sources.append(dst)
+    if cuda_include is not None:
+        link = overlay / "third_party" / "gpus" / "cuda" / "include"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(cuda_include)
+    return sources
+
+
+def compile_flags(overlay: Path, include: Path, cuda_include: Path | None) -> list[str]:
+    """The compiler flags of the program's sources: the staged tree, the conformance tests, the wheel's
+    headers; with ``cuda_include``, GOOGLE_CUDA and the CUDA headers."""
+    flags = CXXFLAGS + [f"-I{overlay}", f"-I{CONFORMANCE}", f"-I{include}"]
+    if cuda_include is not None:
+        flags += ["-DGOOGLE_CUDA=1", f"-I{cuda_include}"]
+    return flags
+
+
 def build(tree: Path, target: str = "cpu", out: Path | None = None,
           cache: Path = DEFAULT_CACHE, wheel: Path | None = None,
           overlay_src: Mapping[str, Path] | None = None, jobs: int | None = None,
@@ -88,44 +134,14 @@ def build(tree: Path, target: str = "cpu", out: Path | None = None,
     out = (out or (REPO / "build" / "tf_allocator" / target)).resolve()
     overlay = out / "overlay"
     objdir = out / "obj"
-    if overlay.exists():
-        shutil.rmtree(overlay)
-    overlay.mkdir(parents=True)
     objdir.mkdir(parents=True, exist_ok=True)
-
-    def tree_file(rel: str) -> Path:
-        # With overlay_src, the LMS files come from patches/ (what the exported patch adds); the
-        # upstream files the edit series changes always come from the tree.
-        if overlay_src is not None and rel in overlay_src:
-            return overlay_src[rel]
-        if (tree / rel).exists():
-            return tree / rel
-        raise LmsError(f"{rel}: not in {tree}" + (" nor among the LMS sources of patches/"
-                                                    if overlay_src is not None else ""))
-
-    sources: list[Path] = []
-    cuda_files = TREE_CUDA_HEADERS + TREE_CUDA_SOURCES if target == "cuda" else []
-    for rel in TREE_HEADERS + TREE_SOURCES + cuda_files:
-        if (rel in OPTIONAL_TREE_SOURCES and not (overlay_src and rel in overlay_src)
-                and not (tree / rel).exists()):
-            continue
-        dst = overlay / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(tree_file(rel), dst)
-        if rel.endswith(".cc"):
-            sources.append(dst)
+    cuda_include = CUDA_HOME / "include" if target == "cuda" else None
+    sources = stage_tree(tree, overlay, cuda_include, overlay_src)
     upstream = tree / UPSTREAM_TEST
     adapted = overlay / "upstream_gpu_bfc_allocator_test.cc"
     adapted.write_text(adapt_upstream_test(upstream.read_text()))
-    if target == "cuda":
-        cuda_inc = overlay / "third_party" / "gpus" / "cuda" / "include"
-        cuda_inc.parent.mkdir(parents=True, exist_ok=True)
-        cuda_inc.symlink_to(CUDA_HOME / "include")
-
     cxx = os.environ.get("CXX", "g++")
-    common = CXXFLAGS + [f"-I{overlay}", f"-I{CONFORMANCE}", f"-I{include}"]
-    if target == "cuda":
-        common += ["-DGOOGLE_CUDA=1", f"-I{CUDA_HOME / 'include'}"]
+    common = compile_flags(overlay, include, cuda_include)
     jobs_list = []
     for src in sources:
         obj = objdir / (src.stem + ".o")
