@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("trees and compilers", ("upstream", "abi", "c10_build")),
     ("patches", ("patch_factory", "patch_ops")),
     ("framework builders", ("overlay", "builders")),
-    ("packagers", ("packagers",)),
+    # lms_swap_wheel builds the lms-swap wheel and packages it with packagers/
+    ("packagers", ("packagers", "lms_swap_wheel")),
     ("verify", ("verify",)),
     ("command line", ("cli", "__main__")),
 )

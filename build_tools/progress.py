@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-__all__ = ["Counter", "info", "step", "warn"]
+__all__ = ["Counter", "Streamed", "info", "run_streamed", "step", "warn"]
 
 
 def step(message: str) -> None:
