@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from build_tools import catalog
 from build_tools.verify import tf_allocator
