@@ -185,8 +185,10 @@ def cmd_build(args) -> int:
         if fw.name != "pytorch":
             raise LmsError(f"{fw.title} has no overlay build: its LMS patch needs a full build",
                            hint=f"make build {fw.make_var}={args.tag}")
-        from .builders import pytorch_overlay
+        from .builders import common, pytorch_overlay
+        from .packagers.steps import conda_step
         plan = pytorch_overlay.plan(prof, source, jobs=args.jobs, dist=dist)
+        plan.steps.append(conda_step(plan, dist, f"torch-{common.local_version(prof)}-*.whl"))
     else:
         from .builders import pytorch_full, tensorflow_full
         module = pytorch_full if fw.name == "pytorch" else tensorflow_full

@@ -7,7 +7,7 @@
     Content-Length, sha256 when given), fsync'ed and renamed into place: a partial or wrong download
     is never kept;
   - a cached file with a pinned sha256 is checked again before it is used.
-Wheels from the package index go through pip instead (build_tools/overlay/wheels.py), which checks
+Wheels from the package index go through pip instead (build_tools/wheels.py), which checks
 them against the index's hashes; their pins are checked there.
 """
 from __future__ import annotations

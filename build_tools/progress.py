@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+__all__ = ["Counter", "Streamed", "info", "run_streamed", "step", "warn"]
+
 
 def step(message: str) -> None:
     print(f"==> {message}", file=sys.stderr, flush=True)
@@ -14,6 +16,10 @@ def step(message: str) -> None:
 
 def info(message: str) -> None:
     print(f"    {message}", file=sys.stderr, flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"    warning: {message}", file=sys.stderr, flush=True)
 
 
 class Counter:

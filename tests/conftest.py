@@ -101,13 +101,12 @@ def upstream_tree(upstream_repo, tmp_path_factory):
 @pytest.fixture(scope="session")
 def lms_tree(upstream_repo, tmp_path_factory):
     from build_tools import catalog
-    from build_tools.patch_factory.compose import compose_commit
+    from build_tools.patch_factory import compose
 
-    def compose(framework: str, tag: str, wt: Path) -> None:
-        fw = catalog.framework(framework)
-        compose_commit(catalog.profile(fw, tag), wt)
+    def with_lms(framework: str, tag: str, wt: Path) -> None:
+        compose.compose(catalog.profile(catalog.framework(framework), tag), wt)
 
-    yield from _worktrees(upstream_repo, tmp_path_factory, "lms", compose)
+    yield from _worktrees(upstream_repo, tmp_path_factory, "lms", with_lms)
 
 
 # ---- conformance report -----------------------------------------------------------------------------

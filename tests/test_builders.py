@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from build_tools.builders import toolchain
+from build_tools import toolchain
 from build_tools.builders.plan import Plan, Step
 from build_tools.builders.tensorflow_full import set_local_version
 from build_tools.errors import LmsError

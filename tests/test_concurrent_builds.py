@@ -114,4 +114,4 @@ def test_make_tree_only_plans_the_tree_step_alone():
     assert r.returncode == 0, r.stderr
     assert "(tree only)" in r.stdout and "--tree-only" in r.stdout + r.stderr
     steps = [line for line in r.stdout.splitlines() if line.lstrip().startswith("[")]
-    assert len(steps) == 1 and "`git am`" in steps[0], r.stdout
+    assert len(steps) == 1 and "compose the LMS change from the sources" in steps[0], r.stdout

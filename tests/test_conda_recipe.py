@@ -51,6 +51,13 @@ def apply_selectors(text: str, ns: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def load_file_data(name: str, fileformat: str | None = None, from_recipe_dir: bool = False, **kw) -> dict:
+    """conda-build's load_file_data for a TOML file named from the recipe's folder."""
+    assert from_recipe_dir and (fileformat or name.rsplit(".", 1)[1]) == "toml", name
+    with open(RECIPE / name, "rb") as f:
+        return tomllib.load(f)
+
+
 def render(variant: dict) -> dict:
     ns = {"linux": True, "linux64": True, "osx": False, "win": False, "unix": True, "x86_64": True,
           "aarch64": False, "py": int(variant["python"].replace(".", ""))}
@@ -62,7 +69,8 @@ def render(variant: dict) -> dict:
         "stdlib": lambda lang: f"sysroot_linux-64 {variant['c_stdlib_version']}.*",
         "pin_subpackage": lambda name, min_pin="x.x.x.x.x.x", max_pin="x", exact=False: f"{name} >=2.6.0,<2.7.0a0",
         "pin_compatible": lambda name, **kw: name,
-        "cuda_compiler_version": variant["cuda_compiler_version"],
+        "cuda_compiler_version": variant["cuda_compiler_version"], "lms_tag": variant["lms_tag"],
+        "load_file_data": load_file_data,
         "PY_VER": variant["python"], "PKG_BUILDNUM": 0,
     }
     return yaml.safe_load(env.from_string(text).render(**ctx))
@@ -80,8 +88,8 @@ def meta(variant):
 
 
 @pytest.fixture(scope="module")
-def profile():
-    with open(REPO / "patches/pytorch/v2.6.0/profile.toml", "rb") as f:
+def profile(variant):
+    with open(REPO / "patches" / "pytorch" / variant["lms_tag"] / "profile.toml", "rb") as f:
         return tomllib.load(f)
 
 
@@ -102,7 +110,7 @@ def test_version_tag_and_patch_agree_with_the_profile(meta, profile):
     assert meta["source"]["git_rev"] == "v" + profile["upstream"]["version"]
     (patch,) = meta["source"]["patches"]
     target = (RECIPE / patch).resolve()
-    assert target == (REPO / "patches" / f"pytorch_v2.6.0{PATCH_SUFFIX}").resolve()
+    assert target == (REPO / "patches" / f"pytorch_v{profile['upstream']['version']}{PATCH_SUFFIX}").resolve()
     assert meta["build"]["string"].startswith("lms1_cuda124_py311_")
 
 
@@ -141,3 +149,10 @@ def test_selectors_drop_other_platforms(variant):
               "aarch64": False, "py": 311}
     skipped = apply_selectors((RECIPE / "meta.yaml").read_text(), ns_win)
     assert "skip: true" in skipped
+
+
+def test_the_version_is_read_from_the_profile_not_written_in_the_recipe(variant):
+    text = (RECIPE / "meta.yaml").read_text()
+    version = tomllib.loads((REPO / "patches" / "pytorch" / variant["lms_tag"] / "profile.toml").read_text())
+    assert version["upstream"]["version"] not in text.replace("<version>", "")
+    assert 'load_file_data("../../patches/pytorch/" ~ tag ~ "/profile.toml"' in text

@@ -58,7 +58,7 @@ def test_the_eviction_net_compiles_and_imports_against_the_installed_build(wheel
     import sys
     from pathlib import Path
 
-    from build_tools.overlay.cudahome import cuda_home
+    from build_tools.cudahome import cuda_home
     venv_bin = Path(__file__).resolve().parent.parent / ".venv" / "bin"   # ninja: `make setup`
     home = cuda_home("12.4", python=sys.executable)   # the overlay build's, from NVIDIA's wheels
     code = r"""

@@ -1,5 +1,5 @@
 """A corpus of malicious archives, built here with tarfile/zipfile, against every unpacker of the build
-tools: the source tarball import (upstream/tarball.py), the CUDA header wheels (overlay/cudahome.py) and
+tools: the source tarball import (upstream/tarball.py), the CUDA header wheels (cudahome.py) and
 the conda staging of a wheel (packagers/conda.py). Each one must be refused with a message naming the
 archive and the member, and nothing may appear outside the extraction folder.
 
@@ -122,7 +122,7 @@ def _header_wheel_cases(outside: Path) -> dict:
 
 @pytest.mark.parametrize("case", list(_header_wheel_cases(Path("/x"))))
 def test_cuda_header_wheel_corpus_refused(tmp_path, monkeypatch, case):
-    from build_tools.overlay import cudahome
+    from build_tools import cudahome
     outside = tmp_path / "outside"
     outside.mkdir()
     name = _header_wheel_cases(outside)[case]

@@ -16,7 +16,7 @@ from tests.overlay_fixtures import TAG, overlay_build  # noqa: F401  (fixture)
 
 def _official(res) -> Path:
     rep = json.loads(res.report.read_text())
-    from build_tools.overlay.wheels import DEFAULT_CACHE
+    from build_tools.wheels import DEFAULT_CACHE
     return DEFAULT_CACHE / rep["official_wheel"]
 
 

@@ -1,4 +1,4 @@
-"""CI (CPU) checks of PyTorch LMS in c10/cuda (issue 5).
+"""CI (CPU) checks of PyTorch LMS in c10/cuda.
 
 * the patched c10 + c10/cuda of the real v2.6.0 tree (lms_tree fixture) compile with
   build_tools.c10_build (CUDA headers: NVIDIA's PyPI wheels that `make setup` installs, see

@@ -148,7 +148,8 @@ def test_make_dry_run_pytorch_prints_the_real_upstream_plan():
     out = r.stdout
     for expected in ("fetch --depth=1 https://github.com/pytorch/pytorch +refs/tags/v2.6.0:refs/tags/v2.6.0",
                      "git submodule update --init --recursive",
-                     "am ", "pytorch_v2.6.0_large_model_support.patch",
+                     "apply --index", "compose the LMS change from the sources",
+                     "pytorch_v2.6.0_large_model_support.patch",
                      "-m pip install -r requirements.txt",
                      "setup.py bdist_wheel", "PYTORCH_BUILD_VERSION=2.6.0+lms1", "TORCH_CUDA_ARCH_LIST=",
                      "USE_CUDA=1", "MAX_JOBS=", "Toolchain:", "nvcc (CUDA toolkit)", "cuDNN"):

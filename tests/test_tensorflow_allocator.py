@@ -5,7 +5,7 @@ is compiled without a TensorFlow build: its allocator translation units are
 built against the official tensorflow-cpu 2.14.1 wheel's headers and linked
 with its libtensorflow_framework.so.2 (downloaded once into .cache/), together
 with TensorFlow's own BFC allocator tests and the LMS conformance tests
-(build_tools/tf_allocator_build).  On the CPU the page backend maps memfd
+(build_tools/verify/tf_allocator).  On the CPU the page backend maps memfd
 "device" and "host" pages with mmap(MAP_FIXED): same pointer-stability and
 budget semantics as the CUDA VMM backend (tests/conformance/
 tensorflow_allocator runs the same program on a GPU).
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from build_tools import tf_allocator_build as tab
+from build_tools.verify import tf_allocator as tab
 from build_tools.tools import find_tool
-from build_tools.tf_allocator_build import LMS_TESTS, WRITERS_TEST as WRITERS, python_overlay
+from build_tools.verify.tf_allocator import LMS_TESTS, WRITERS_TEST as WRITERS, python_overlay
 from tests.wheel_pythons import python_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,11 +75,11 @@ def test_an_object_is_recompiled_when_a_header_it_includes_changes(tmp_path):
     src.write_text('#include "a.h"\nint g() { return f(); }\n')
     obj = tmp_path / "a.o"
     job = ([find_tool("g++"), "-c", str(src), "-o", str(obj)], src, obj)
-    assert tab._compile(job) == "compiled a.cc"
-    assert tab._compile(job) == "up to date a.o"
+    assert tab.compile_job(job) == "compiled a.cc"
+    assert tab.compile_job(job) == "up to date a.o"
     (tmp_path / "a.h").write_text("inline int f() { return 2; }\n")
-    assert tab._compile(job) == "compiled a.cc"
-    assert tab._compile(job) == "up to date a.o"
+    assert tab.compile_job(job) == "compiled a.cc"
+    assert tab.compile_job(job) == "up to date a.o"
 
 
 def test_allocator_conformance_cpu(tree, tmp_path):
@@ -160,7 +160,7 @@ def test_writers_test_catches_page_moves_without_the_gate(tree):
 
 # The config.proto edit and the C++ GPU wiring (gpu_process_state.cc, gpu_lms_*.cc, tfe_wrapper.cc,
 # ...) are compiled into object files against the tensorflow==2.14.1 GPU wheel and linked short of
-# the binary in tests/test_tf_wiring_check.py (build_tools/tf_wiring_check), which replaced the
+# the binary in tests/test_tf_wiring_check.py (build_tools/verify/tf_wiring), which replaced the
 # -fsyntax-only check that stood here.
 
 

@@ -1,6 +1,6 @@
 """The TensorFlow examples run (tiny sizes, CPU) on stock tensorflow-cpu 2.14.1.
 
-They run in the TensorFlow venv of build_tools.tf_allocator_build
+They run in the TensorFlow venv of build_tools.verify.tf_allocator
 (.cache/tf-venv, made from the cached wheel: TF 2.14 needs numpy < 2, so it is
 kept apart from the project's Python).  On a stock TensorFlow the LMS switches
 must say clearly that this is not an LMS build, and training must go on.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from build_tools.tf_allocator_build import python_overlay
+from build_tools.verify.tf_allocator import python_overlay
 from tests.wheel_pythons import python_for
 
 REPO = Path(__file__).resolve().parent.parent

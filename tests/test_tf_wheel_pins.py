@@ -1,6 +1,6 @@
 """The official TensorFlow wheels the TensorFlow tools use (tensorflow-cpu for the allocator build and the
 stock-TF venv, tensorflow for the wiring check) are pinned in patches/tensorflow/v2.14.1/profile.toml
-and checked by the one wheel downloader (build_tools/overlay/wheels.py) on every use: the real wheel
+and checked by the one wheel downloader (build_tools/wheels.py) on every use: the real wheel
 passes; a truncated or altered copy of it is refused with the file and both hashes named, and is not
 kept in the cache; a download that does not match its pin never reaches the cache.
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from build_tools import catalog
-from build_tools import tf_allocator_build as tfa
+from build_tools.verify import tf_allocator as tfa
 from build_tools.errors import LmsError
-from build_tools.overlay.wheels import fetch_wheel
-from build_tools.tf_wiring_check import wheel as twc
+from build_tools.wheels import fetch_wheel
+from build_tools.verify.tf_wiring import wheel as twc
 
 TF_CACHE = Path(os.environ.get("LMS_TF_WHEEL_CACHE", tfa.DEFAULT_CACHE))
 WIRING_CACHE = Path(os.environ.get("LMS_TF_WIRING_CACHE", twc.DEFAULT_CACHE))

@@ -1,4 +1,4 @@
-"""TensorFlow v2.14.1's LMS wiring compiled for real (build_tools/tf_wiring_check).
+"""TensorFlow v2.14.1's LMS wiring compiled for real (build_tools/verify/tf_wiring).
 
 The LMS tree (the lms_tree fixture: Debian's v2.14.1 tarball + the change composed from
 patches/tensorflow) is checked as `make build TF=v2.14.1` would meet it, short of Bazel: every
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from build_tools import tf_wiring_check as twc
-from build_tools.tf_wiring_check import compile as twc_compile
-from build_tools.tf_wiring_check import consistency, flags
+from build_tools.verify import tf_wiring as twc
+from build_tools.verify.tf_wiring import compile as twc_compile
+from build_tools.verify.tf_wiring import consistency, flags
 
 REPO = Path(__file__).resolve().parent.parent
 TAG = "v2.14.1"
@@ -111,10 +111,10 @@ def test_flags_are_tensorflows_gpu_build_flags(tree):
 
 
 def test_broken_source_fails_naming_file_and_error(passing_report, tree, stock, tmp_path):
-    """`python -m build_tools.tf_wiring_check` on a tree where one edited file does not compile."""
+    """`python -m build_tools.verify.tf_wiring` on a tree where one edited file does not compile."""
     bad = broken_copy(tree, tmp_path / "tree", LMS_SUB_ALLOCATOR,
                       lambda t: t + "\nint lms_broken_on_purpose = undeclared_on_purpose();\n")
-    r = subprocess.run([sys.executable, "-m", "build_tools.tf_wiring_check", "--tree", str(bad),
+    r = subprocess.run([sys.executable, "-m", "build_tools.verify.tf_wiring", "--tree", str(bad),
                         "--upstream", str(stock), "--out", str(OUT)], cwd=REPO, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=1800)
     assert r.returncode == 1, r.stdout[-4000:]
@@ -215,7 +215,7 @@ def test_pybind_names_are_the_ones_python_calls(tree, stock, tmp_path):
 
 
 def test_cli_help():
-    r = subprocess.run([sys.executable, "-m", "build_tools.tf_wiring_check", "--help"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "build_tools.verify.tf_wiring", "--help"], cwd=REPO,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0 and "--tree" in r.stdout and "GPU wheel" in r.stdout
 
@@ -224,7 +224,7 @@ def test_python_symbols_come_from_the_headers_python(tmp_path):
     """The pybind objects are compiled against the wheel's own Python headers (3.11.1 for TF
     2.14.1): their Python symbols resolve against the running interpreter only where it is that
     version, else against the C API those headers declare, never against a newer Python's."""
-    from build_tools.tf_wiring_check import symbols
+    from build_tools.verify.tf_wiring import symbols
     running = "%d.%d" % sys.version_info[:2]
     inc = tmp_path / "python_include"
     (inc / "cpython").mkdir(parents=True)

@@ -49,11 +49,11 @@ def test_the_overlay_build_ran_with_the_system_path_only(overlay_build):
 
 def test_setup_installs_the_cuda_header_wheels_the_overlay_build_fetches():
     """pyproject's test extra (what `make setup` installs) and the overlay build's list of CUDA
-    12.4 header wheels (build_tools/overlay/cudahome.py) name the same pins: the compile checks
+    12.4 header wheels (build_tools/cudahome.py) name the same pins: the compile checks
     and the build then see the same headers."""
     import tomllib
 
-    from build_tools.overlay.cudahome import HEADER_WHEELS
+    from build_tools.cudahome import HEADER_WHEELS
 
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert set(HEADER_WHEELS["12.4"]) <= set(extra), (HEADER_WHEELS["12.4"], extra)

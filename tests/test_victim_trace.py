@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "examples" / "pytorch" / "benchmarks"))
 import victim_trace as vt  # noqa: E402
 
 RECORDS = REPO / "examples" / "pytorch" / "benchmarks" / "records"
-TRACES = RECORDS / "traces"  # run 137's traces (records/victim_trace.jsonl, run 137)
+TRACES = RECORDS / "traces"  # the recorded H100 traces (records/victim_trace.jsonl, run 137)
 
 
 def _replays(run):
@@ -97,9 +97,9 @@ def test_framework_classes_are_what_the_framework_knows():
 
 @pytest.mark.parametrize("run", ["137", "149", "160"])
 def test_recorded_h100_traces_replay_as_recorded(run):
-    """The traces of run 137 replay to the numbers recorded with them (run 137's README) and to
-    the later replays with the free-order policies (run 149's README) and the framework-classes
-    policy (run 160's README): the simulation is deterministic."""
+    """The recorded traces replay to the numbers recorded with them and to the later replays with
+    the free-order policies and the framework-classes policy (records/victim_trace.jsonl, one
+    record per replay): the simulation is deterministic."""
     replayed = _replays(run)
     for model in ("llama", "vit-l", "resnet50"):
         with gzip.open(TRACES / f"trace-{model}.json.gz", "rt") as f:

@@ -10,8 +10,8 @@ import pytest
 
 from build_tools import catalog
 from build_tools.errors import LmsError
-from build_tools.overlay.cudahome import HEADER_WHEEL_SHA256, HEADER_WHEELS
-from build_tools.overlay.wheels import fetch_wheel
+from build_tools.cudahome import HEADER_WHEEL_SHA256, HEADER_WHEELS
+from build_tools.wheels import fetch_wheel
 
 
 def test_a_cached_wheel_that_does_not_match_its_pin_is_deleted_and_refused(tmp_path):

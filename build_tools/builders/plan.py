@@ -14,7 +14,7 @@ from ..buildlock import build_lock
 from ..errors import LmsError
 from ..progress import info, step
 from ..tools import tool_env
-from .toolchain import Check
+from ..toolchain import Check
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Plan:
     checks: list[Check]
     log: Path
     notes: list[str] = field(default_factory=list)   # what the user must know before running it
+    outputs: dict = field(default_factory=dict)       # what its steps made, by name ("wheel"), once run
 
     def render(self) -> str:
         out = [f"Plan: {self.title}", ""]
@@ -60,7 +61,8 @@ class Plan:
         ends = [i for i, s in enumerate(self.steps) if s.tree]
         if not ends:
             raise LmsError(f"{self.title}: no step of this plan prepares a tree")
-        return Plan(f"{self.title} (tree only)", self.steps[:ends[0] + 1], [], self.log, list(self.notes))
+        return Plan(f"{self.title} (tree only)", self.steps[:ends[0] + 1], [], self.log, list(self.notes),
+                    self.outputs)
 
     def execute(self) -> None:
         for n in self.notes:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..catalog import TagProfile
 from ..upstream import Source
-from . import common, toolchain
+from .. import toolchain
+from . import common
 from .plan import Plan, Step
 
 
@@ -44,8 +45,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
         toolchain.tool_check("ninja", "1.10", why="(`make setup` installs it into the virtualenv)"),
     ]
     steps = [
-        Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
-             f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
+        Step(common.tree_title(prof, source, tree), action=lambda: common.prepare_tree(prof, source, tree),
              shows=common.tree_commands(prof, source, tree), tree=True),
     ]
     if source.kind == "git":

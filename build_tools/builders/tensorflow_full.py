@@ -10,7 +10,8 @@ from .. import LMS_BUILD, gitutil
 from ..errors import LmsError
 from ..catalog import TagProfile
 from ..upstream import Source, cache_dir
-from . import common, toolchain
+from .. import toolchain
+from . import common
 from .plan import Plan, Step
 
 
@@ -52,8 +53,13 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
     if bazel_version:
         env["USE_BAZEL_VERSION"] = bazel_version      # read by bazelisk
     checks = [toolchain.python_check(full.get("python", ">=3.9"), python), bazel]
+    notes = []
     if env.get("TF_NEED_CUDA") == "1":
-        nvcc = toolchain.nvcc_check(full.get("cuda", ">=11.8"))
+        if "cuda" not in full:
+            raise LmsError(f"{prof.dir / 'profile.toml'}: a CUDA build needs [build.full] cuda (the CUDA range)")
+        notes.append(f"CUDA {full['cuda']} (the profile's range): the LMS page backend is compiled against the "
+                     f"lowest and the highest CUDA headers it allows by tests/test_tf_cuda_range.py")
+        nvcc = toolchain.nvcc_check(full["cuda"])
         checks += [nvcc, toolchain.cudnn_check()]
         home = toolchain.cuda_home()
         if home:
@@ -67,8 +73,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
                   f"--repository_cache={cache_dir() / 'bazel-repo-cache'}",  # downloaded dependencies
                   f"--jobs={jobs or os.cpu_count() or 1}", *full.get("bazel_targets", [])]
     steps = [
-        Step(f"get {prof.framework.title} {prof.tag} from {source.describe()} and `git am` "
-             f"{prof.patch_file.name} into {tree}", action=lambda: common.prepare_tree(prof, source, tree),
+        Step(common.tree_title(prof, source, tree), action=lambda: common.prepare_tree(prof, source, tree),
              shows=common.tree_commands(prof, source, tree), tree=True),
         Step("configure the build without prompts (answers come from the environment)",
              [python, "configure.py"], cwd=tree, env=env),
@@ -79,7 +84,7 @@ def plan(prof: TagProfile, source: Source, *, jobs: int | None = None, python: s
              action=lambda: _retag_and_collect(prof, wheel_dir, dist)),
     ]
     return Plan(f"full build of {prof.framework.title} {prof.tag} + LMS -> tensorflow {common.local_version(prof)}",
-                steps, checks, bdir / "build.log")
+                steps, checks, bdir / "build.log", notes)
 
 
 def set_local_version(wheel: Path, local: str, out_dir: Path) -> Path:

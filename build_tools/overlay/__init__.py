@@ -9,7 +9,7 @@ only ``libc10_cuda.so`` must be recompiled. The overlay build:
 2. fetches the official wheel for the tag and the target Python from PyPI (``pip download``, cached
    in ``.cache/wheels/``) and reads its build facts from its files (:mod:`.facts`: CUDA version, CXX11
    ABI flag, compile flags, RPATH, which libraries import what from libc10_cuda);
-3. stages matching CUDA headers from NVIDIA's PyPI wheels (:mod:`.cudahome`);
+3. stages matching CUDA headers from NVIDIA's PyPI wheels (:mod:`build_tools.cudahome`);
 4. compiles the patched tree's libraries with CMake + ninja (``build_tools.c10_build``, with
    ccache/sccache as CMAKE_CXX_COMPILER_LAUNCHER when installed), and the UNPATCHED tag the same way;
 5. runs the ABI check (``build_tools.abi``: abidiff official vs rebuilt, toolchain baseline, type
@@ -40,6 +40,9 @@ API (called by ``python -m build_tools build --mode overlay``)::
 
 CLI: ``python -m build_tools.overlay --help``.
 """
-from .build import OverlayError, OverlayResult, build_overlay, compiler_launcher  # noqa: F401
-from .plan import OverlayPlan, OverlayRefused, plan_overlay  # noqa: F401
-from .wheels import WheelNotFound, fetch_wheel  # noqa: F401
+from ..wheels import WheelNotFound, fetch_wheel
+from .build import OverlayError, OverlayResult, build_overlay, compiler_launcher
+from .plan import OverlayPlan, OverlayRefused, plan_overlay
+
+__all__ = ["OverlayError", "OverlayPlan", "OverlayRefused", "OverlayResult", "WheelNotFound", "build_overlay",
+           "compiler_launcher", "fetch_wheel", "plan_overlay"]

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from .. import LMS_BUILD, LMS_VERSION, gitutil
-from ..builders.toolchain import compiler_launcher  # shared with the full build
+from ..toolchain import compiler_launcher  # shared with the full build
 from ..archives import extract_zip
 from ..abi import AbiError, AbiReport, check_library, dynamic_section, dynamic_symbols, required_versions
 from ..catalog import REPO_ROOT, framework, profile
@@ -24,11 +24,12 @@ from ..errors import LmsError
 from ..fetch import file_sha256
 from ..tools import find_tool
 from . import platform as plat
-from .cudahome import cuda_home
+from ..cudahome import cuda_home
 from .facts import WheelFacts, read_facts
 from .plan import OverlayPlan, plan_overlay
-from .wheelzip import copy_atomic, rewrite_wheel, verify_record
-from .wheels import DEFAULT_CACHE, fetch_wheel
+from ..atomic import copy_atomic
+from .wheelzip import rewrite_wheel, verify_record
+from ..wheels import DEFAULT_CACHE, fetch_wheel
 
 CACHE = REPO_ROOT / ".cache" / "overlay"
 WORK = REPO_ROOT / "build" / "overlay"

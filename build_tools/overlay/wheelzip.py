@@ -10,7 +10,6 @@ import base64
 import csv
 import hashlib
 import io
-import shutil
 import struct
 import zipfile
 from pathlib import Path
@@ -159,19 +158,3 @@ def verify_record(wheel: Path, *, progress: Callable[[str], None] | None = None)
                                f"({got} {size} vs {row[1]} {row[2]})")
             n += 1
     return n
-
-
-def copy_atomic(src: Path, dst: Path) -> None:
-    """Place `src` at `dst` whole or not at all (rename when possible, else copy + rename)."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        src.replace(dst)
-        return
-    except OSError:
-        pass
-    part = dst.with_name(f".{dst.name}.partial")
-    try:
-        shutil.copyfile(src, part)
-        part.replace(dst)
-    finally:
-        part.unlink(missing_ok=True)

@@ -1,10 +1,13 @@
-"""Compose the LMS change on a tag: edit series + src/ files, as ONE commit with pinned metadata.
+"""Compose the LMS change on a tag from the sources: the one route from patches/ to a tree.
 
-The same sources on the same tag always give the same commit content, author, date and message;
-export.py turns that commit into the user-facing patch.
+compose() is what every tree with LMS is made by: the tree a build compiles (builders/common.py), the
+tree export.py turns into the user-facing patch, the trees the checks compile (build_tools.verify,
+the tests' lms_tree) and the developer's dev tree. As one commit (the default), the same sources on
+the same tag always give the same commit content, author, date and message.
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +16,9 @@ from .. import LMS_VERSION, PATCH_DATE, catalog, gitutil, patchfile
 from ..catalog import TagProfile
 from ..errors import LmsError
 from ..progress import info, step
+from ..upstream import Source
+
+__all__ = ["apply_series", "compose", "compose_tree", "message", "place_sources", "sources_digest"]
 
 
 def message(prof: TagProfile) -> str:
@@ -71,17 +77,53 @@ def place_sources(prof: TagProfile, worktree: Path, *, link: bool) -> list[str]:
     return list(files)
 
 
-def compose_commit(prof: TagProfile, worktree: Path) -> str:
-    """On a clean worktree at the tag, make the single LMS commit; return its id."""
-    step(f"composing LMS for {prof.framework.title} {prof.tag}")
+def compose(prof: TagProfile, worktree: Path, *, dev: bool = False) -> str:
+    """On a clean worktree at the tag, put the LMS change of the tag's sources; return HEAD's id.
+
+    dev=False: the single LMS commit (edit series applied into the index, source files copied), with
+    pinned author, date and message: the commit `export` writes as the patch.
+    dev=True: the edit series as one commit per edit, the source files symlinked to patches/ and left
+    uncommitted, for editing in place (dev-tree / save-edits)."""
+    fw = prof.framework
+    if dev:
+        apply_series(worktree, prof.edit_series, commit=True)
+        rels = place_sources(prof, worktree, link=True)
+        info(f"{len(prof.edit_series)} edit commit(s) on {prof.tag}; {len(rels)} source file(s) linked "
+             f"(edit them in place)")
+        return gitutil.rev(worktree, "HEAD")
+    step(f"composing LMS for {fw.title} {prof.tag}")
     apply_series(worktree, prof.edit_series, commit=False)
     rels = place_sources(prof, worktree, link=False)
     if rels:
         gitutil.run(worktree, "add", "--force", "--", *rels)
     if not gitutil.run(worktree, "diff", "--cached", "--quiet", check=False).status:
-        raise LmsError(f"no LMS changes exist for {prof.framework.title} {prof.tag} yet",
-                       hint=f"add sources under patches/{prof.framework.name}/src or edits under {prof.dir}")
+        raise LmsError(f"no LMS changes exist for {fw.title} {prof.tag} yet",
+                       hint=f"add sources under patches/{fw.name}/src or edits under {prof.dir}")
     info(f"{len(prof.edit_series)} edit patch(es), {len(rels)} source file(s)")
     gitutil.run(worktree, "commit", "--quiet", "--no-verify", "-m", message(prof),
                 env=gitutil.identity(PATCH_DATE))
     return gitutil.rev(worktree, "HEAD")
+
+
+def compose_tree(prof: TagProfile, source: Source, dest: Path, *, dev: bool = False) -> Path:
+    """A new worktree at `dest` of the tag from `source`, with compose() done in it; nothing is left at
+    `dest` when composing fails."""
+    repo, _ = source.ensure(prof.tag)
+    wt = gitutil.add_worktree(repo, dest, prof.tag)
+    try:
+        compose(prof, wt, dev=dev)
+    except BaseException:
+        gitutil.remove_worktree(repo, wt)
+        raise
+    return wt
+
+
+def sources_digest(prof: TagProfile) -> str:
+    """sha256 of everything compose() reads for the tag: the message, the edit series, the source files
+    and where they go. Equal digests compose equal commits."""
+    h = hashlib.sha256(message(prof).encode())
+    for p in prof.edit_series:
+        h.update(b"\0edit\0" + p.name.encode() + b"\0" + p.read_bytes())
+    for rel, path in catalog.source_map(prof.framework, prof.tag).items():
+        h.update(b"\0file\0" + rel.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()

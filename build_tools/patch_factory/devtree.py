@@ -16,7 +16,9 @@ from ..catalog import TagProfile
 from ..errors import LmsError
 from ..progress import info, step
 from ..upstream import Source
-from .compose import apply_series, place_sources
+from .compose import compose_tree
+
+__all__ = ["make_dev_tree", "save_edits"]
 
 SERIES_FORMAT = ["format-patch", "--full-index", "--no-signature", "--zero-commit", "--no-renames",
                  "--no-color", "--stat=80", "--diff-algorithm=myers", "--src-prefix=a/", "--dst-prefix=b/",
@@ -24,13 +26,8 @@ SERIES_FORMAT = ["format-patch", "--full-index", "--no-signature", "--zero-commi
 
 
 def make_dev_tree(prof: TagProfile, source: Source, dest: Path) -> Path:
-    repo, _ = source.ensure(prof.tag)
     step(f"dev tree for {prof.framework.title} {prof.tag} at {dest}")
-    wt = gitutil.add_worktree(repo, dest, prof.tag)
-    apply_series(wt, prof.edit_series, commit=True)
-    rels = place_sources(prof, wt, link=True)
-    info(f"{len(prof.edit_series)} edit commit(s) on {prof.tag}; {len(rels)} source file(s) linked "
-         f"(edit them in place)")
+    wt = compose_tree(prof, source, dest, dev=True)
     info(f"commit upstream-file edits there, then: python -m build_tools save-edits {prof.framework.name} "
          f"{prof.tag} --dest {dest}")
     return wt

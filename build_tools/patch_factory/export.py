@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import difflib
-import os
-import tempfile
 from pathlib import Path
 
 from .. import gitutil
+from ..atomic import write_atomic
 from ..catalog import TagProfile
 from ..errors import LmsError
 from ..progress import info, step
 from ..upstream import Source, cache_dir
-from .compose import compose_commit
+from .compose import compose
+
+__all__ = ["FORMAT_PATCH", "check", "check_all", "export", "patch_of", "render"]
 
 # Every option that could vary with the git version's defaults or the user's configuration is named.
 FORMAT_PATCH = [
@@ -21,24 +22,17 @@ FORMAT_PATCH = [
 ]
 
 
+def patch_of(worktree: Path) -> bytes:
+    """The patch of a composed tree's LMS commit (HEAD), as `export` writes it."""
+    return gitutil.run(worktree, *FORMAT_PATCH, binary=True).out
+
+
 def render(prof: TagProfile, source: Source) -> bytes:
     """The patch bytes for the current sources on the tag (nothing is written)."""
     repo, _ = source.ensure(prof.tag)
     with gitutil.temp_worktree(repo, prof.tag, cache_dir() / "scratch") as wt:
-        compose_commit(prof, wt)
-        return gitutil.run(wt, *FORMAT_PATCH, binary=True).out
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        compose(prof, wt)
+        return patch_of(wt)
 
 
 def export(prof: TagProfile, source: Source) -> Path:

@@ -4,4 +4,6 @@
 git repository holding that tag. Tarballs (including Debian's orig tarballs) are imported once into a
 cached repo and tagged, so every later step is plain git.
 """
-from .sources import Source, parse_source, cache_dir  # noqa: F401
+from .sources import Source, cache_dir, parse_source
+
+__all__ = ["Source", "cache_dir", "parse_source"]

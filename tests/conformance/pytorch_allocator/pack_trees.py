@@ -38,7 +38,7 @@ def pack(dest: Path, tag: str, source: str) -> dict:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("LMS_CACHE_DIR", str(REPO / ".cache" / "build-tools"))
     from build_tools import catalog, gitutil
-    from build_tools.patch_factory.compose import compose_commit
+    from build_tools.patch_factory.compose import compose as compose_lms
     from build_tools.upstream import parse_source
 
     fw = catalog.framework("pytorch")
@@ -50,7 +50,7 @@ def pack(dest: Path, tag: str, source: str) -> dict:
             wt = gitutil.add_worktree(repo, Path(tmp) / name, tag)
             try:
                 if compose:
-                    compose_commit(catalog.profile(fw, tag), wt)
+                    compose_lms(catalog.profile(fw, tag), wt)
                 _copy_c10(wt, dest / name)
             finally:
                 gitutil.remove_worktree(repo, wt)

@@ -3,7 +3,7 @@
 // Built with the patched allocator translation units of the v2.14.1 tree
 // against the official wheel's headers and libtensorflow_framework.so.2, on
 // the CPU (memfd page backend) and on a GPU (CUDA VMM page backend): see
-// build_tools/tf_allocator_build.
+// build_tools/verify/tf_allocator.
 #include <chrono>
 #include <cstdlib>
 #include <random>

@@ -5,12 +5,12 @@ pages and host-NUMA pages remapped at the same virtual addresses; patterns
 written and checked by GPU kernels).  Build it on the CPU machine and take it
 along (the GPU machine has no TensorFlow wheel and no internet):
 
-    python -m build_tools.tf_allocator_build --tree <LMS v2.14.1 tree> \\
+    python -m build_tools.verify.tf_allocator --tree <LMS v2.14.1 tree> \\
         --target cuda --bundle .device/tf
 
 then run with ``carry=[".device/tf"]``.  It holds TensorFlow's own
 gpu_bfc_allocator_test.cc (adapted for a standalone build, see
-build_tools/tf_allocator_build) and tests/conformance/tensorflow_allocator/
+build_tools/verify/tf_allocator) and tests/conformance/tensorflow_allocator/
 lms_bfc_allocator_test.cc, whose writers test runs four threads launching
 kernels on one stream while LMS moves their blocks' pages: the launch gate
 (CUPTI; the bundle carries libcupti) must hold them, or the process dies of an
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from build_tools.tf_allocator_build import LMS_TESTS, WRITERS_TEST as WRITERS, gtest_results
+from build_tools.verify.tf_allocator import LMS_TESTS, WRITERS_TEST as WRITERS, gtest_results
 from tests.gpu_requirements import missing
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,7 +40,7 @@ NO_CUPTI = "launch gate inactive (reason 1"
 @pytest.mark.gpu
 def test_tensorflow_lms_allocator_on_gpu(tmp_path):
     if not BINARY.exists():
-        missing(f"{BINARY} not built: run python -m build_tools.tf_allocator_build "
+        missing(f"{BINARY} not built: run python -m build_tools.verify.tf_allocator "
                     "--target cuda --bundle .device/tf on the CPU machine")
     xml = tmp_path / "gtest.xml"
     r = subprocess.run([str(BINARY), f"--gtest_output=xml:{xml}"],

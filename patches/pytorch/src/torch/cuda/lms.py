@@ -112,7 +112,7 @@ def _device_index(device) -> int:
 
 def _swap_module():
     try:
-        from . import lms_swap  # activation swapping (issue 4); optional
+        from . import lms_swap  # activation swapping; optional
     except ImportError:
         return None
     return lms_swap

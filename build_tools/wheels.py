@@ -26,10 +26,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from ..catalog import REPO_ROOT
-from ..errors import LmsError
-from ..fetch import file_sha256
-from ..progress import run_streamed
+from .catalog import REPO_ROOT
+from .errors import LmsError
+from .fetch import file_sha256
+from .progress import run_streamed
 
 __all__ = ["DEFAULT_CACHE", "WheelNotFound", "cached_wheel", "check_pin", "fetch_wheel", "interpreter_tags",
            "python_version"]

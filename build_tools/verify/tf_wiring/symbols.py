@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ...errors import LmsError
+
 # Defined by the static linker itself, never by a library.
 LINKER_DEFINED = {"_GLOBAL_OFFSET_TABLE_", "__dso_handle", "_DYNAMIC", "__TMC_END__"}
 SYSTEM_LIBS = ["libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1",
@@ -35,7 +37,7 @@ def _nm(args: list[str], path: Path) -> list[list[str]]:
     r = subprocess.run(["nm", *args, str(path)], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"nm {' '.join(args)} {path}: {r.stderr.strip()}")
+        raise LmsError(f"nm {' '.join(args)} {path}: {r.stderr.strip()}")
     return [l.split() for l in r.stdout.splitlines() if l.strip()]
 
 
@@ -112,7 +114,7 @@ def system_symbols(python_include: Path | None = None) -> dict[str, set[str]]:
         if path is not None:
             out[name] = {f[-1].split("@")[0] for f in _nm(["-D", "--defined-only"], path) if len(f) >= 3}
     if "libstdc++.so.6" not in out or "libc.so.6" not in out:
-        raise SystemExit(f"libstdc++.so.6 / libc.so.6 not found in {', '.join(map(str, LIB_DIRS))}")
+        raise LmsError(f"libstdc++.so.6 / libc.so.6 not found in {', '.join(map(str, LIB_DIRS))}")
     out.update(python_symbols(python_include))
     return out
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ...errors import LmsError
+
 # What the configuration `--config=opt --config=cuda` (framework_shared_object, Linux x86-64,
 # XLA available) selects in tf_copts()/tsl_copts(); the other if_* branches are off there.
 SELECTED = ("if_not_windows", "if_cuda", "if_xla_available", "if_linux_x86_64")
@@ -33,7 +35,7 @@ def _def_body(path: Path, name: str) -> str:
     text = path.read_text()
     m = re.search(rf"^def {name}\(.*?(?=^def |\Z)", text, re.S | re.M)
     if not m:
-        raise SystemExit(f"{path}: def {name}( not found (the flag reader needs updating)")
+        raise LmsError(f"{path}: def {name}( not found (the flag reader needs updating)")
     return m.group(0)
 
 
@@ -45,7 +47,7 @@ def bazelrc_linux(tree: Path) -> list[str]:
         if m:
             out.append(m.group(1).strip('"'))
     if "-std=c++17" not in out:
-        raise SystemExit(f"{tree / '.bazelrc'}: no build:linux --cxxopt=-std=c++17")
+        raise LmsError(f"{tree / '.bazelrc'}: no build:linux --cxxopt=-std=c++17")
     return out
 
 
@@ -56,11 +58,11 @@ def rule_copts(tree: Path, bzl: str, name: str) -> list[str]:
     for fn in SELECTED:
         found = re.findall(rf"\b{fn}\(\s*\[(.*?)\]", body, re.S)
         if not found:
-            raise SystemExit(f"{tree / bzl}: {name}() has no {fn}([...]) (the flag reader needs updating)")
+            raise LmsError(f"{tree / bzl}: {name}() has no {fn}([...]) (the flag reader needs updating)")
         for group in found:
             out += _strings(group)
     if '"//conditions:default": ["-pthread"]' not in body:
-        raise SystemExit(f"{tree / bzl}: {name}() no longer defaults to -pthread")
+        raise LmsError(f"{tree / bzl}: {name}() no longer defaults to -pthread")
     out.append("-pthread")
     # Bazel runs compilations in the execution root, where external/<repo> is the repository:
     # the check maps such include flags to the wheel's copy (tensorflow/include/external/...).
@@ -71,7 +73,7 @@ def pybind_copts(tree: Path) -> list[str]:
     body = _def_body(tree / "tensorflow/tensorflow.bzl", "pybind_extension_opensource")
     m = re.search(r"copts = copts \+ \[(.*?)\]", body, re.S)
     if not m:
-        raise SystemExit("tensorflow.bzl: pybind_extension_opensource copts not found")
+        raise LmsError("tensorflow.bzl: pybind_extension_opensource copts not found")
     return _strings(m.group(1))
 
 
@@ -79,7 +81,7 @@ def eigen_defines(tree: Path) -> list[str]:
     text = (tree / "third_party/eigen3/eigen_archive.BUILD").read_text()
     m = re.search(r"defines = \[(.*?)\]", text, re.S)
     if not m:
-        raise SystemExit("third_party/eigen3/eigen_archive.BUILD: defines not found")
+        raise LmsError("third_party/eigen3/eigen_archive.BUILD: defines not found")
     return ["-D" + d for d in _strings(m.group(1))]
 
 

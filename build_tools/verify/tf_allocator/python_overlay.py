@@ -20,8 +20,14 @@ import sys
 import venv
 from pathlib import Path
 
-from ..tools import find_tool
-from . import DEFAULT_CACHE, TF_PYTHONS, TF_VERSION, log, wheel_file
+from ...errors import LmsError
+from ...tools import find_tool
+from ..tf_release import log_to, tf_profile, wheel_pythons
+from .wheel import DEFAULT_CACHE, wheel_file
+
+__all__ = ["PATCHED_PY", "PROTO", "compile_proto", "ensure_tf_python", "make_overlay", "protoc", "site_tensorflow"]
+
+log = log_to("tf_allocator")
 
 PATCHED_PY = [
     "tensorflow/python/eager/context.py",
@@ -39,8 +45,8 @@ def protoc() -> list[str]:
     import importlib.util
     if importlib.util.find_spec("grpc_tools") is not None:
         return [sys.executable, "-m", "grpc_tools.protoc"]
-    raise SystemExit("no protoc: apt-get install protobuf-compiler "
-                     "(or pip install grpcio-tools)")
+    raise LmsError("no protoc: apt-get install protobuf-compiler "
+                   "(or pip install grpcio-tools)")
 
 
 def compile_proto(tree: Path, out: Path, cpp: bool = True) -> Path:
@@ -54,26 +60,28 @@ def compile_proto(tree: Path, out: Path, cpp: bool = True) -> Path:
     return out
 
 
-def ensure_tf_python(cache: Path = DEFAULT_CACHE, python: str | None = None) -> Path:
-    """A venv of ``python`` (default: this interpreter) with stock tensorflow-cpu 2.14.1 (from the
+def ensure_tf_python(cache: Path = DEFAULT_CACHE, python: str | None = None, tag: str | None = None) -> Path:
+    """A venv of ``python`` (default: this interpreter) with the stock tensorflow-cpu of the profile's release (from the
     cached wheel for that Python), kept apart from the project's Python (TF 2.14 needs numpy < 2).
     Its folder ($TF_LMS_VENV, default .cache/tf-venv) is remade when it holds another Python."""
     python = python or sys.executable
+    prof = tf_profile(tag)
+    pythons = wheel_pythons(prof)
     r = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                        stdout=subprocess.PIPE, text=True, check=True)
     py_version = r.stdout.strip()
-    if py_version not in TF_PYTHONS:
-        raise SystemExit(f"tensorflow-cpu {TF_VERSION} has no wheel for Python {py_version} "
-                         f"(only {', '.join(TF_PYTHONS)}): run the tests with one of those")
+    if py_version not in pythons:
+        raise LmsError(f"tensorflow-cpu {prof.version} has no wheel for Python {py_version} "
+                       f"(only {', '.join(pythons)}): run the tests with one of those")
     env = Path(os.environ.get("TF_LMS_VENV", cache.parent / "tf-venv"))
     py = env / "bin" / "python"
     if py.exists():
         r = subprocess.run([str(py), "-c", "import sys, tensorflow as tf; "
                             "print('%d.%d' % sys.version_info[:2], tf.__version__)"],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        if r.returncode == 0 and r.stdout.split() == [py_version, TF_VERSION]:
+        if r.returncode == 0 and r.stdout.split() == [py_version, prof.version]:
             return py
-    wheel = wheel_file(cache, py_version)
+    wheel = wheel_file(cache, py_version, prof.tag)
     log(f"creating {env} with {wheel.name} (Python {py_version})")
     if Path(python).resolve() == Path(sys.executable).resolve():
         venv.EnvBuilder(with_pip=True, clear=True).create(env)

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..tools import find_tool
+from .tools import find_tool
 
 
 @dataclass
@@ -77,12 +77,12 @@ def cuda_home() -> Path | None:
 def nvcc_check(spec: str) -> Check:
     home = cuda_home()
     if not home:
-        return Check("nvcc (CUDA toolkit)", False, "not found",
+        return Check(f"nvcc (CUDA toolkit) {spec}", False, "not found",
                      f"install a CUDA toolkit {spec} and set CUDA_HOME (or put nvcc on PATH)")
     out = _output([str(home / "bin" / "nvcc"), "--version"])
     m = re.search(r"release (\d+\.\d+)", out)
     ver = m.group(1) if m else "?"
-    return Check("nvcc (CUDA toolkit)", bool(m) and in_range(ver, spec), f"{home}/bin/nvcc {ver}",
+    return Check(f"nvcc (CUDA toolkit) {spec}", bool(m) and in_range(ver, spec), f"{home}/bin/nvcc {ver}",
                  f"this tag builds with CUDA {spec}: install one and point CUDA_HOME at it")
 
 
@@ -129,7 +129,7 @@ def compiler_launcher(choice: str | None = "auto") -> str | None:
     'auto': $LMS_COMPILER_LAUNCHER if set, else whichever of sccache/ccache is installed; 'none'
     disables; a name forces that tool (an error if it is not installed).
     """
-    from ..errors import LmsError
+    from .errors import LmsError
     if choice == "auto":
         choice = os.environ.get("LMS_COMPILER_LAUNCHER") or "auto"
     if choice in ("none", "", None):

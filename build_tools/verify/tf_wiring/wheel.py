@@ -1,4 +1,4 @@
-"""The official ``tensorflow==2.14.1`` GPU wheel: headers, CUDA headers and exported symbols.
+"""The official ``tensorflow`` GPU wheel of the release (the profile's): headers, CUDA headers and exported symbols.
 
 The wiring check compiles the patch's C++ files against what the wheel ships under
 ``tensorflow/include/`` (TensorFlow's own headers, its generated ``*.pb.h``, absl, Eigen,
@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from ..archives import extract_zip
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-TF_VERSION = "2.14.1"
-# tensorflow 2.14.1 publishes CPython 3.9-3.11 wheels with identical headers and libraries;
-# the 3.11 one is used whatever Python runs the check (its Python.h is the one pybind needs).
-WHEEL_GLOB = f"tensorflow-{TF_VERSION}-cp311-cp311-manylinux*.whl"
+from ...archives import extract_zip
+from ...errors import LmsError
+from ...wheels import check_pin, fetch_wheel
+from ..tf_release import REPO, log_to, tf_profile, wheel_pythons
+
+__all__ = ["DEFAULT_CACHE", "WHEEL_LIBS", "cuda_version", "ensure", "log", "uses_cxx11_abi", "wheel_file",
+           "wheel_pins", "wheel_symbols"]
+
+# A release's wheels for its CPythons have identical headers and libraries; the newest Python's is used
+# whatever Python runs the check (its Python.h is the one pybind needs).
 DEFAULT_CACHE = REPO / ".cache" / "tf_wiring"
 
 # The libraries whose exported symbols a patched object may use: the framework (tsl, core
@@ -35,22 +39,20 @@ WHEEL_LIBS = [
 ]
 
 
-def log(msg: str) -> None:
-    print(f"[tf_wiring_check] {msg}", flush=True)
+log = log_to("tf_wiring")
 
 
-def wheel_pins() -> dict[str, str]:
-    """{official wheel file name: sha256} of patches/tensorflow/v<TF_VERSION>/profile.toml."""
-    from .. import catalog
-    return catalog.profile(catalog.framework("tensorflow"), "v" + TF_VERSION).wheel_sha256
+def wheel_pins(tag: str | None = None) -> dict[str, str]:
+    """{official wheel file name: sha256} of patches/tensorflow/<tag>/profile.toml."""
+    return tf_profile(tag).wheel_sha256
 
 
-def wheel_file(cache: Path) -> Path:
-    """The GPU wheel (cp311, ~490 MB) in ``cache``, downloaded once with pip and checked against the
+def wheel_file(cache: Path, tag: str | None = None) -> Path:
+    """The GPU wheel (~490 MB) in ``cache``, downloaded once with pip and checked against the
     profile's pinned sha256 on every call (the tools' one wheel downloader)."""
-    from ..overlay.wheels import fetch_wheel
-    return fetch_wheel(f"tensorflow=={TF_VERSION}", python_version="3.11", cache_dir=cache,
-                       pins=wheel_pins(), progress=log)
+    prof = tf_profile(tag)
+    return fetch_wheel(f"tensorflow=={prof.version}", python_version=wheel_pythons(prof)[-1], cache_dir=cache,
+                       pins=prof.wheel_sha256, progress=log)
 
 
 def _dynamic_symbols(lib: Path) -> list[str]:
@@ -61,15 +63,14 @@ def _dynamic_symbols(lib: Path) -> list[str]:
                    if len(line.split()) >= 3})
 
 
-def ensure(cache: Path = DEFAULT_CACHE, wheel: Path | None = None) -> Path:
+def ensure(cache: Path = DEFAULT_CACHE, wheel: Path | None = None, tag: str | None = None) -> Path:
     """Folder with the wheel's ``tensorflow/include`` and ``symbols/<lib>.txt``; made once. A wheel the
     caller names is checked against the profile's pins as a downloaded one is."""
     if wheel:
-        from ..overlay.wheels import check_pin
-        check_pin(wheel, wheel_pins(), discard=False, progress=log)
+        check_pin(wheel, wheel_pins(tag), discard=False, progress=log)
     else:
-        wheel = wheel_file(cache)
-    out = cache / f"gpu-wheel-{TF_VERSION}"
+        wheel = wheel_file(cache, tag)
+    out = cache / f"gpu-wheel-{tf_profile(tag).version}"
     marker = out / ".complete"
     if marker.exists() and marker.read_text().strip() == wheel.name:
         return out
@@ -102,4 +103,4 @@ def cuda_version(include: Path) -> int:
     for line in (include / "cuda.h").read_text(errors="replace").splitlines():
         if line.startswith("#define CUDA_VERSION "):
             return int(line.split()[2])
-    raise SystemExit(f"no CUDA_VERSION in {include / 'cuda.h'}")
+    raise LmsError(f"no CUDA_VERSION in {include / 'cuda.h'}")

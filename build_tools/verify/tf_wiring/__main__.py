@@ -1,4 +1,4 @@
-"""python -m build_tools.tf_wiring_check --help"""
+"""python -m build_tools.verify.tf_wiring --help"""
 
 from __future__ import annotations
 
@@ -6,15 +6,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import DEFAULT_CACHE, PATCH, REPO, TAG, check, lms_tree
+from ...errors import LmsError
+from ..tf_release import REPO
+from .check import PATCH, TAG, check
+from .tree import lms_tree
+from .wheel import DEFAULT_CACHE
 
 
 def main(argv=None) -> int:
+    try:
+        return run(argv)
+    except LmsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m build_tools.tf_wiring_check",
+        prog="python -m build_tools.verify.tf_wiring",
         description=f"Compile every C++ file the TensorFlow {TAG} LMS patch adds or edits (and "
                     "config.pb.cc from the patched config.proto) into object files with "
-                    "TensorFlow's GPU build flags, against the official tensorflow==2.14.1 GPU "
+                    f"TensorFlow's GPU build flags, against the official tensorflow {TAG[1:]} GPU "
                     "wheel's headers; resolve the objects' undefined symbols against the wheel's "
                     "libraries; check the BUILD edits, the API golden files and the pybind names. "
                     "Prints a report; exits 1 when anything fails.")
