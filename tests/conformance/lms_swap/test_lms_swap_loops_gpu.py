@@ -41,11 +41,13 @@ def test_checkpointed_decoder_trains_past_stock(cuda_clean):
     """Hugging Face's gradient checkpointing on a Llama at 1.5x stock's largest batch (72
     on the H100): stock's loss alone needs three tensors of the fp32 logits' size at once
     in backward, more than the card.  It must train (on aa0b3d8: CUDA out of memory in
-    the first step), with the loss computed in pieces."""
+    the first step), with the loss computed in pieces.  (Hugging Face's checkpointing is
+    non-reentrant here: transformers 5.17 binds ``checkpoint(use_reentrant=False)``, whose
+    recomputation in backward is kept by checkpoint's own hooks, not this layer's; the
+    reentrant kind's saves in backward are tests/test_lms_swap_loops.py's.)"""
     r = _run("ckpt-decoder", 108, 3)
     assert r["status"] == "ok" and r["done"] == 3 and r["finite"], r
     assert r["stats"]["swap.chunked_losses"] == 3
-    assert r["stats"]["swap.backward_saves"] > 0  # the recomputed layers, kept for backward
 
 
 def test_checkpointed_decoder_at_stock_batch_keeps_stock_loss(cuda_clean):
