@@ -1,7 +1,7 @@
 """Pack what the allocator conformance suite needs onto a GPU machine that cannot fetch it.
 
-The suite builds ``c10`` of a patched and of a pristine PyTorch tree (only ``c10/`` is read,
-see build_tools/c10_build/CMakeLists.txt).  A GPU runner with the source (or network) lets
+The suite builds ``c10`` of a patched and of a pristine PyTorch tree (of the tree it reads ``c10/``,
+see build_tools/c10_build/CMakeLists.txt, and ``torch/cuda/memory.py`` and ``lms.py``).  A GPU runner with the source (or network) lets
 the ``lms_tree`` / ``upstream_tree`` fixtures make them; a machine without either gets them
 from this folder:
 
@@ -27,11 +27,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 
 
+# besides c10/, the files of the tree the suite reads: the memory_stats scenario runs the
+# tree's own torch/cuda/memory.py and lms.py (patched_memory_stats.py)
+TORCH_FILES = ("torch/cuda/memory.py", "torch/cuda/lms.py")
+
+
 def _copy_c10(tree: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(tree / "c10", dest / "c10", symlinks=False,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for rel in TORCH_FILES:
+        if (tree / rel).is_file():  # lms.py exists in the patched tree only
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tree / rel, dest / rel)
 
 
 def pack(dest: Path, tag: str, source: str) -> dict:
