@@ -49,6 +49,20 @@ def test_the_profile_pins_both_official_cp311_wheels():
     assert tfa.wheel_pins() == twc.wheel_pins() == pins
 
 
+def test_every_python_the_profile_allows_has_both_wheels_pinned():
+    """A build on any Python of the profile's range starts from pinned wheels, not from the
+    warning for an unlisted one."""
+    from build_tools.verify.tf_release import wheel_pythons
+    prof = catalog.profile(catalog.framework("tensorflow"), "v2.14.1")
+    pythons = wheel_pythons(prof)
+    assert pythons == ("3.9", "3.10", "3.11"), pythons
+    for py in pythons:
+        tag = "cp" + py.replace(".", "")
+        for name in ("tensorflow_cpu", "tensorflow"):
+            wheel = f"{name}-2.14.1-{tag}-{tag}-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+            assert wheel in prof.wheel_sha256, wheel
+
+
 def test_the_real_cpu_wheel_matches_its_pin(cpu_wheel):
     assert cpu_wheel.name == CPU_WHEEL
     assert hashlib.sha256(cpu_wheel.read_bytes()).hexdigest() == tfa.wheel_pins()[CPU_WHEEL]
