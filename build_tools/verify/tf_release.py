@@ -5,12 +5,15 @@ exist for and their pinned sha256s are the profile's, never restated here.
 """
 from __future__ import annotations
 
+import sys
+from typing import Callable, Optional
+
 from .. import catalog
 from ..catalog import TagProfile
 from ..errors import LmsError
 from ..toolchain import in_range
 
-__all__ = ["REPO", "log_to", "tf_profile", "wheel_pythons"]
+__all__ = ["REPO", "log_to", "main_of", "tf_profile", "wheel_pythons"]
 
 REPO = catalog.REPO_ROOT
 
@@ -40,3 +43,15 @@ def log_to(prefix: str):
     def log(msg: str) -> None:
         print(f"[{prefix}] {msg}", flush=True)
     return log
+
+
+def main_of(run: Callable[[Optional[list]], int]) -> Callable[[Optional[list]], int]:
+    """A harness's command-line entry: ``run(argv)``, with an LmsError printed as one line
+    and exit status 2 instead of a traceback."""
+    def main(argv: Optional[list] = None) -> int:
+        try:
+            return run(argv)
+        except LmsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return main

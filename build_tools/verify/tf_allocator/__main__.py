@@ -6,19 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ...errors import LmsError
-from ..tf_release import REPO, log_to, tf_profile
+from ..tf_release import REPO, log_to, main_of, tf_profile
 from . import CUDA_HOME, DEFAULT_CACHE, build, lms_sources, run_tests, wheel_dir
 
 log = log_to("tf_allocator")
-
-
-def main(argv=None) -> int:
-    try:
-        return run(argv)
-    except LmsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
 
 def run(argv=None) -> int:
@@ -89,6 +80,8 @@ def run(argv=None) -> int:
         return run_tests(binary, a.gtest_filter, a.xml)
     return 0
 
+
+main = main_of(run)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,19 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ...errors import LmsError
-from ..tf_release import REPO
+from ..tf_release import REPO, main_of
 from .check import PATCH, TAG, check
 from .tree import lms_tree
 from .wheel import DEFAULT_CACHE
-
-
-def main(argv=None) -> int:
-    try:
-        return run(argv)
-    except LmsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
 
 def run(argv=None) -> int:
@@ -56,6 +47,8 @@ def run(argv=None) -> int:
     print(report.text())
     return 0 if report.ok else 1
 
+
+main = main_of(run)
 
 if __name__ == "__main__":
     sys.exit(main())

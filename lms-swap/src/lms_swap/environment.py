@@ -79,7 +79,12 @@ def _env_number(name: str, unit: str, example: str) -> Optional[float]:
     """The number in environment variable ``name`` (a count of ``unit``), None when unset
     or blank; ValueError naming the variable, its value and what is accepted for anything
     else (not a number, NaN, infinite, negative)."""
-    raw = os.environ.get(name)
+    return _number(name, os.environ.get(name), unit, example)
+
+
+def _number(name: str, raw: Optional[str], unit: str, example: str) -> Optional[float]:
+    """``raw`` as the value of setting ``name``: None when unset or blank, else a finite
+    number >= 0, or ValueError naming the setting, the value and what is accepted."""
     if raw is None or raw.strip() == "":
         return None
     accepted = f"expected a number of {unit}, finite and >= 0 (e.g. {example})"
@@ -128,16 +133,8 @@ def host_budget_rule(limit_mb: Optional[str], local_world_size: Optional[str],
     ``host_bytes`` divided by the local world size.  ValueError, naming the variable,
     for a limit that is not a finite number >= 0.  Used on stock torch only; a patched
     build's allocator answers instead (:func:`host_budget_default`)."""
-    if limit_mb is not None and limit_mb.strip() != "":
-        accepted = "expected a number of MiB, finite and >= 0 (e.g. 65536)"
-        try:
-            mb = float(limit_mb)
-        except ValueError:
-            raise ValueError(f"{ENV_HOST_LIMIT}={limit_mb!r}: {accepted}") from None
-        if not math.isfinite(mb):
-            raise ValueError(f"{ENV_HOST_LIMIT}={limit_mb!r}: {accepted}; it is not finite")
-        if mb < 0:
-            raise ValueError(f"{ENV_HOST_LIMIT}={limit_mb!r}: {accepted}; must not be negative")
+    mb = _number(ENV_HOST_LIMIT, limit_mb, "MiB", "65536")
+    if mb is not None:
         return int(mb * MiB)
     return int(host_bytes * 0.80) // _local_world_size_of(local_world_size)
 
