@@ -54,7 +54,7 @@ SYSTEM_PACKAGES = abigail-tools libgtest-dev libgmock-dev libfmt-dev libcpuinfo-
 
 help:
 	@echo "LMS build tools. Targets:"
-	@echo "  make setup                          virtualenv in $(VENV) with the tools and test dependencies"
+	@echo "  make setup                          virtualenv in "$(call q,$(VENV))" with the tools and test dependencies"
 	@echo "  make build TORCH=<tag> [MODE=full|overlay] [SOURCE=...] [PATCH=...] [DRY_RUN=1] [JOBS=n]"
 	@echo "  make build TF=<tag> [SOURCE=...] [PATCH=...] [DRY_RUN=1] [JOBS=n]"
 	@echo "                                      TREE_ONLY=1: stop once the patched tree is in build/"
@@ -74,16 +74,16 @@ help:
 	@echo "  make conformance                    GPU conformance suite on this machine's GPU; report in build/conformance/"
 	@echo "SOURCE: where upstream trees come from. Default: the official git remotes. Also: debian, a local"
 	@echo "  git mirror, a git URL, a source tarball (path or URL); e.g. SOURCE=debian where GitHub is unreachable."
-	@echo "All commands and options (runs before make setup; after it also $(VENV)/bin/lms-build --help):"
-	@echo "$(if $(filter $(ROOT),$(CURDIR)),,cd $(call q,$(ROOT)) && )$(PYTHON) -m build_tools --help"
+	@echo "All commands and options (runs before make setup; after it also "$(call q,$(VENV)/bin/lms-build --help)"):"
+	@echo $(call q,$(if $(filter $(ROOT),$(CURDIR)),,cd $(call q,$(ROOT)) && )$(PYTHON) -m build_tools --help)
 
 # The tools and test dependencies (this repository's pyproject.toml), and activation swapping's own
 # package (lms-swap/: `import lms_swap`), both editable.
 $(VENV)/bin/python: pyproject.toml lms-swap/pyproject.toml
-	@echo "==> making the virtualenv $(VENV) with $(PYTHON)"
+	@echo "==> making the virtualenv "$(call q,$(VENV))" with "$(call q,$(PYTHON))
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	@echo "==> pip install: the tools, the test dependencies (CPU torch, CUDA headers) and lms-swap into $(VENV);"
+	@echo "==> pip install: the tools, the test dependencies (CPU torch, CUDA headers) and lms-swap into "$(call q,$(VENV))";"
 	@echo "    the first time this downloads for minutes: pip names each package as it goes"
 	$(VENV)/bin/python -m pip install -e '.[test]' -e ./lms-swap
 	@touch $@

@@ -41,6 +41,16 @@ def test_other_variables_are_checked(var, value, tmp_path):
     assert not (ROOT / "injected").exists()
 
 
+def test_the_interpreter_name_reaches_the_shell_quoted(tmp_path):
+    """`make help` prints PYTHON inside a shell line: a double quote in it ends no string and
+    runs nothing."""
+    evil = '"; touch injected; echo "'
+    r = make("help", f"PYTHON=python3{evil}", cwd=tmp_path, makefile=ROOT / "Makefile")
+    assert r.returncode == 0, r.stdout
+    assert f"python3{evil} -m build_tools --help" in r.stdout, r.stdout
+    assert not (tmp_path / "injected").exists() and not (ROOT / "injected").exists()
+
+
 def test_a_patch_path_with_spaces_and_quotes_works(tmp_path):
     d = tmp_path / "my dir's"
     d.mkdir()
