@@ -175,6 +175,7 @@ class _St:
         self.sig = None
         self.plan, self.prev_saved, self.largest, self.k = 0, None, 0, None
         self.prev_off, self.prev_growth = [], []
+        self.taught_base = None
         for k, v in kw.items():
             setattr(self, k, v)
 
@@ -249,3 +250,75 @@ def test_the_swapper_chunks_the_loss_only_where_told(m):
     assert auto.stats().get("swap.chunked_losses", 0) == 0
     with pytest.raises(ValueError, match="chunked_loss"):
         m.ActivationSwapper(chunked_loss="sometimes")
+
+
+def test_a_step_that_begins_above_its_lesson_swaps_the_difference_too(m):
+    """What is on the device before a step saves anything is not its shape's: gradients
+    left by the last optimizer step while an evaluation pass with autograd on runs
+    (3 GiB here) are swapped around on top of the plan that shape's training step
+    taught; a dropped forward teaches no base, and a step at the lesson's base swaps
+    only the plan."""
+    from lms_swap.state import _DevState
+    sw = m.ActivationSwapper(device_type="cpu", policy="auto")
+    st = _DevState(0)
+    level = {"now": 10 << 30}
+    sw._allocated = lambda _st: level["now"]
+    tokens = torch.empty(8, 2048, dtype=torch.long)
+    sw._enter_profile(st, tokens)              # the first step: nothing learned yet
+    st.plan, st.taught_base = 4 << 30, st.step_base  # what its backward taught
+    level["now"] = 13 << 30                    # an evaluation pass, gradients alive
+    sw._enter_profile(st, tokens)
+    assert (st.plan, st.base_extra) == (4 << 30, 3 << 30)
+    assert sw.stats()["swap.plan_base_raises"] == 1
+    level["now"] = 10 << 30                    # the next training step
+    sw._enter_profile(st, tokens)
+    assert (st.plan, st.base_extra, st.taught_base) == (4 << 30, 0, 10 << 30)
+
+
+def _loss_through_the_swapper(m, monkeypatch, policy, retain):
+    """F.cross_entropy over a non-leaf input, chunked, with every tensor swapped
+    (``policy="always"``) or none (``"never"``): the input's gradient after one backward,
+    or two with ``retain_graph``, and what the chunked backward found handed over."""
+    import torch.nn.functional as F
+    from lms_swap import chunked_loss, swapper
+    monkeypatch.setattr(chunked_loss, "MIN_BYTES", 4096)
+    monkeypatch.setattr(swapper, "MIN_BYTES", 4096)
+    monkeypatch.setattr(chunked_loss, "BLOCK_BYTES", 7 * 4 * 500)
+    taken = []
+    real = chunked_loss._taken
+    monkeypatch.setattr(chunked_loss, "_taken", lambda x: taken.append(real(x)) or taken[-1])
+    g = torch.Generator().manual_seed(1)
+    x0 = (torch.randn(61, 500, generator=g) * 4).requires_grad_()
+    t = torch.randint(0, 500, (61,), generator=g)
+    t[::5] = -100
+    sw = m.ActivationSwapper(device_type="cpu", policy=policy, size_threshold=1024,
+                             host_limit=64 * MiB, host_min_available=0, chunked_loss=True)
+    with sw:
+        loss = F.cross_entropy(x0 * 1.0, t)
+    for _ in range(2 if retain else 1):
+        loss.backward(retain_graph=retain)
+    ref0 = x0.detach().clone().requires_grad_()
+    ref = F.cross_entropy(ref0 * 1.0, t)
+    for _ in range(2 if retain else 1):
+        ref.backward(retain_graph=retain)
+    assert sw.stats()["swap.chunked_losses"] == 1
+    return x0.grad, ref0.grad, taken
+
+
+def test_the_chunked_loss_writes_its_gradient_over_an_input_fetched_back(m, monkeypatch):
+    """A swapped input comes back from host memory as a tensor only the loss's backward
+    holds: the gradient goes over it (no second tensor of the logits' size), with
+    stock's values up to rounding."""
+    got, ref, taken = _loss_through_the_swapper(m, monkeypatch, "always", retain=False)
+    assert taken == [True]
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("policy", ["always", "never"])
+def test_a_retained_graph_gives_the_same_gradient_twice(m, monkeypatch, policy):
+    """With ``retain_graph`` a second backward reads the saved input again: a swapped one
+    is fetched anew from host memory (the first gradient went over the first copy), a
+    kept one is never written over."""
+    got, ref, taken = _loss_through_the_swapper(m, monkeypatch, policy, retain=True)
+    assert taken == ([True, True] if policy == "always" else [False, False])
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)

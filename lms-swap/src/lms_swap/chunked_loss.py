@@ -10,7 +10,10 @@ largest batch needs 3 x 26.4 GiB there, more than the card, whatever is moved to
 :func:`cross_entropy` computes the same loss row block by row block: forward keeps the
 input (which the caller holds anyway) and one log-sum-exp per row; backward writes the
 gradient block by block from them.  At most the input and its gradient are alive, plus a
-block.  The values are those of the same formula (log-sum-exp minus the target's logit;
+block; and where the input came back from host memory as a tensor nobody else holds (the
+swapper says so through :func:`hand_over`), the gradient is written over it, block by
+block, so backward needs no second tensor of the logits' size (a checkpointed Llama at
+twice stock's batch needed 2 x 35 GiB there on an H100, beside AdamW's state).  The values are those of the same formula (log-sum-exp minus the target's logit;
 softmax minus one-hot), rounded in another order: not bitwise equal to stock's kernels.
 So the swapper uses it only where stock's could not fit (``chunked_loss="auto"``: the
 allocation now plus one and a half more tensors of the input's size would be over
@@ -20,14 +23,46 @@ what the caching allocator can have) and counts each use (``swap.chunked_losses`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
-__all__ = ["cross_entropy", "supported", "MIN_BYTES"]
+__all__ = ["cross_entropy", "supported", "hand_over", "MIN_BYTES"]
 
 MIN_BYTES = 256 << 20  # smaller losses are never worth it
 BLOCK_BYTES = 512 << 20  # fp32 bytes of one block of rows
+
+# storages handed over by their only holder (hand_over): StorageImpl address -> weak ref
+_HANDED: Dict[int, Any] = {}
+
+
+def _storage_ref(t: torch.Tensor) -> Any:
+    from torch.multiprocessing.reductions import StorageWeakRef
+    return StorageWeakRef(t.untyped_storage())
+
+
+def hand_over(t: torch.Tensor) -> None:
+    """Says that ``t`` (the whole of its storage) is held by nobody but the one caller
+    it is about to be given to, and will not be asked for again (a saved tensor fetched
+    back from host memory, which a second backward would fetch anew): backward may
+    write the loss's gradient over it."""
+    for k in [k for k, r in _HANDED.items() if r.expired()]:
+        del _HANDED[k]
+    ref = _storage_ref(t)
+    _HANDED[ref.cdata] = ref
+
+
+def _taken(x: torch.Tensor) -> bool:
+    """Whether ``x`` was handed over (see :func:`hand_over`) and is the whole of that
+    storage; forgets it either way."""
+    try:
+        cdata = x.untyped_storage()._cdata
+    except Exception:
+        return False
+    ref = _HANDED.pop(cdata, None)
+    return (ref is not None and not ref.expired() and x.storage_offset() == 0
+            and x.is_contiguous()
+            and x.numel() * x.element_size() == x.untyped_storage().nbytes())
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
@@ -55,7 +90,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor):
         x, target, lse, count = ctx.saved_tensors
         scale = grad / count if ctx.mean else grad
-        out = torch.empty_like(x)
+        # each block reads only its own rows before it writes them
+        out = x if _taken(x) else torch.empty_like(x)
         rows = ctx.rows
         for s in range(0, x.shape[0], rows):
             tb = target[s:s + rows]

@@ -192,14 +192,22 @@ class _StepForecast:
             st.reactive = 0
             st.fwd_evicted = 0
             st.saved = 0
+            st.kept_movable = 0
             st.rec_off, st.rec_unswapped = [], []
 
     def _enter_profile(self, st: _DevState, t: torch.Tensor) -> None:
         """The forward that saves ``t`` first begins: what earlier steps of its shape
         taught replaces what the step before taught (:mod:`.profiles`)."""
-        how = st.profiles.enter(st, signature(t))
+        base = self._allocated(st) if st.index is not None else 0
+        how = st.profiles.enter(st, signature(t))  # (saves the last step's base first)
+        st.step_base, st.base_extra = base, 0
         if how is not None:
             self.c["profile_" + how] += 1
+            if st.plan and st.taught_base is not None and base > st.taught_base:
+                # more on the device than when the lesson was learned: the plan's
+                # swaps must make room for that too
+                st.base_extra = base - st.taught_base
+                self.c["plan_base_raises"] += 1
 
     def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
         """The device allocation at its highest since backward began, and whether that
@@ -281,6 +289,7 @@ class _StepForecast:
                                                st.planned + st.reactive + fwd_evicted)
                 st.rec_off, st.rec_unswapped = [], []
                 if self.config.plan:
+                    st.taught_base = st.step_base  # the plan below is this base's
                     st.plan_before = st.plan
                     trig = swap_trigger(self._device_limit(st), self._margin(st))
                     swapped = st.planned + st.reactive + fwd_evicted

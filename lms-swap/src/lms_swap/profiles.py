@@ -12,6 +12,13 @@ A step whose signature was seen before starts from that signature's lessons exac
 new one starts from the nearest signature's lessons, scaled by the ratio of the two first
 tensors' element counts (activations grow with the tokens or pixels of the batch); its own
 step then teaches it.  Lessons are never carried from one shape to another unscaled.
+
+What a step finds on the device before it saves anything (parameters, optimizer state,
+gradients left from the step before when an evaluation pass with autograd on comes between
+optimizer steps) is not the shape's: each lesson keeps the allocation at its step's first
+save (``base``: that of the step whose backward taught the plan; a forward dropped
+without backward teaches nothing), and the forecast swaps the difference on top of the
+plan where a step begins above it.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ class ShapeProfiles:
         self._by_sig.pop(st.sig, None)  # (re-inserted last: the most recent is kept)
         prof = {f: getattr(st, f) for f in _SCALED + _KEPT}
         prof.update({f: list(getattr(st, f)) for f in _SCALED_LISTS})
+        prof["base"] = st.taught_base
         self._by_sig[st.sig] = prof
         while len(self._by_sig) > self._limit:
             self._by_sig.pop(next(iter(self._by_sig)))
@@ -87,6 +95,7 @@ class ShapeProfiles:
             setattr(st, f, [int(v * ratio) for v in prof[f]])
         for f in _KEPT:
             setattr(st, f, prof[f])
+        st.taught_base = prof["base"]
         if how == "exact":
             self.exact += 1
         else:

@@ -102,7 +102,8 @@ class _DevState:
         "reserve_k", "saved", "prev_saved", "rec_off", "rec_unswapped",
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
-        "seen", "sig", "profiles", "plan_before",
+        "seen", "sig", "profiles", "plan_before", "kept_movable", "step_base",
+        "taught_base", "base_extra",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -148,3 +149,9 @@ class _DevState:
         # the signature of the step under way and the lessons kept per signature
         self.sig: Optional[tuple] = None
         self.profiles = ShapeProfiles()
+        self.kept_movable = 0  # bytes this forward kept on the device, evictable by the net
+        # the allocation at this step's first save, at the first save of the step that
+        # taught the plan, and the bytes the plan swaps on top for the difference
+        self.step_base = 0
+        self.taught_base: Optional[int] = None
+        self.base_extra = 0

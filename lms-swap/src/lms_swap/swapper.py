@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import device_memory
-from .chunked_loss import MIN_BYTES, LossPatch
+from .chunked_loss import MIN_BYTES, LossPatch, hand_over
 from .copies import (_CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
                      _plain_bytes)
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
@@ -184,22 +184,47 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         log-softmax of the input's size, and its backward holds that, the incoming
         gradient and its result at once while the input and the tensor it was upcast
         from (half its size) are gone; so the allocation now and one and a half more
-        tensors of the input's size, over what the caching allocator can have.  (With
-        two, an H100 chunked the loss of a checkpointed Llama at the batch stock
-        trains.)"""
+        tensors of the input's size, less what this forward kept on the device that the
+        net can move, over what the caching allocator can have.  (With two, or without
+        counting what the net can move, an H100 chunked the loss of a checkpointed Llama
+        at the batch stock trains: its checkpoints' inputs, 13.5 GiB, were on the
+        device.)  Where even the chunked loss's backward could not hold its input and
+        that input's gradient at once (the allocation now plus half a tensor more), the
+        input is swapped whatever the plan says, and its gradient is written over the copy
+        that comes back (a Llama at twice stock's batch ran out of memory there)."""
         mode = self.config.chunked_loss
         if (mode is False or mode == 0 or not getattr(self._tls, "hooks", None)
                 or x.numel() * x.element_size() < MIN_BYTES):
             return False
-        if mode == "auto":
-            if x.device.type != "cuda" or self.config.policy == "never":
-                return False
+        if x.device.type == "cuda" and self.config.policy != "never":
+            size = x.numel() * x.element_size()
             with self._lock:
                 st = self._state(x)
-                need = self._allocated(st) + 3 * x.numel() * x.element_size() // 2
-                if need <= self._device_cap(st):
+                now = self._allocated(st)
+                if self._guard() is not None:
+                    # what this forward kept on the device, the net moves if backward
+                    # needs the room
+                    now -= st.kept_movable
+                cap = self._device_cap(st)
+                if mode == "auto" and now + 3 * size // 2 <= cap:
                     return False
+                if now + size // 2 > cap:
+                    # backward could not hold the input and its gradient side by side:
+                    # the input goes to host memory, comes back as a tensor nobody else
+                    # holds, and its gradient is written over it (see chunked_loss)
+                    self._tls.loss_input = weakref.ref(x)
+        elif mode == "auto":
+            return False
         self.c["chunked_losses"] += 1
+        return True
+
+    def _is_loss_input(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is the input of a chunked loss that must go to host memory
+        (_chunk_loss); forgets it once seen."""
+        ref = getattr(self._tls, "loss_input", None)
+        if ref is None or ref() is not t:
+            return False
+        self._tls.loss_input = None
         return True
 
     # -- statistics ----------------------------------------------------------------
@@ -350,6 +375,8 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                 self._bound_inflight(st, 0)
                 if eligible and st.index is not None:
                     h = self._keep_evictable(t, nbytes)
+                    if h is not None:
+                        st.kept_movable += nbytes
             if cfg.dedupe:
                 # weak references only: an abandoned graph must free its buffers
                 self._dedupe[id(t)] = (weakref.ref(t), t._version,
@@ -412,9 +439,12 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             return None, False, False
         if cfg.policy == "always":
             return "always", True, True
+        if self._is_loss_input(t):
+            self.c["loss_inputs_to_host"] += 1
+            return "pressure", True, True
         tail = in_tail(saved_before, nbytes, st.prev_saved, st.largest)
         pressure = self._pressure(st, nbytes, tail)
-        if st.planned < st.plan:
+        if st.planned < st.plan + st.base_extra:
             return "plan", pressure, True
         if pressure:
             return "pressure", True, True
@@ -555,6 +585,8 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             h.unpacks += 1
             if h.unpacks >= h.refs:
                 h.gpu = None  # autograd holds it while the node runs; refetch if needed
+                if h.refs == 1 and h.nbytes >= MIN_BYTES:
+                    hand_over(t)  # its one node may reuse it (the chunked loss does)
             if st.index is not None:
                 cur = torch.cuda.current_stream(h.device)
                 cur.wait_event(h.h2d_event)

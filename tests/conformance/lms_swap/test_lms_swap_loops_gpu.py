@@ -50,8 +50,20 @@ def test_checkpointed_decoder_trains_past_stock(cuda_clean):
     assert r["stats"]["swap.chunked_losses"] == 3
 
 
+def test_checkpointed_decoder_trains_at_twice_stock(cuda_clean):
+    """The same at 2.0x (144 on the H100): the chunked loss's backward needs its fp32
+    input back (35 GiB) beside AdamW's state, and must write the gradient over it rather
+    than beside it (on 5abbc16: CUDA out of memory in the second step's backward,
+    asking for 35.16 GiB with 43.58 GiB allocated)."""
+    r = _run("ckpt-decoder", 144, 3)
+    assert r["status"] == "ok" and r["done"] == 3 and r["finite"], r
+    assert r["stats"]["swap.chunked_losses"] == 3
+
+
 def test_checkpointed_decoder_at_stock_batch_keeps_stock_loss(cuda_clean):
-    """At the batch stock trains the loss is stock's own (not computed in pieces)."""
+    """At the batch stock trains the loss is stock's own (not computed in pieces): what
+    forward kept on the device and the net can move counts as room (on 5abbc16 the rule
+    left it out and chunked the loss once in two iterations at 72 on the H100)."""
     r = _run("ckpt-decoder", 72, 2)
     assert r["status"] == "ok", r
     assert r["stats"].get("swap.chunked_losses", 0) == 0
@@ -61,14 +73,13 @@ def test_a_loop_whose_sequence_length_cycles_leaves_the_net_quiet(cuda_clean):
     """Dynamic padding (six lengths up to 2048) with an evaluation pass under no_grad
     every 10th iteration and one with autograd on every 10th, on a Llama at 1.5x stock's
     largest batch for this loop (17 on the H100).  After a warm-up of 10 iterations the
-    forecast follows the shapes: no training step needs the eviction net.  (On 85e24e1 the
-    forward after the evaluation pass with autograd on counted as its continuation:
-    CUDA out of memory at 1.5x.)  An evaluation pass with autograd on and the model's
-    key/value cache on may still need it once: the cache holds tensors the plan swaps,
-    so swapping them frees nothing (measured: 1.6-2.1 GB moved in such a pass)."""
+    forecast follows the shapes: at most one intervention of the eviction net in the 20
+    iterations after it.  (On 85e24e1 the forward after the evaluation pass with autograd
+    on counted as its continuation: CUDA out of memory at 1.5x.  On 5abbc16 each
+    evaluation pass with autograd on needed the net: it begins with the last step's
+    gradients on the device, 2.8 GiB its shape's lesson did not know.)"""
     r = _run("varlen-decoder", 26, 30)
     assert r["status"] == "ok" and r["done"] == 30 and r["finite"], r
     after = list(zip(r["kind"], r["net"]))[10:]
-    assert all(n == 0 for k, n in after if k == "train"), after
-    assert all(n <= 1 for k, n in after), after
+    assert sum(n for _, n in after) <= 1, after
     assert r["stats"]["swap.forwards_abandoned"] >= 2, r["stats"]
