@@ -322,3 +322,23 @@ def test_a_retained_graph_gives_the_same_gradient_twice(m, monkeypatch, policy):
     got, ref, taken = _loss_through_the_swapper(m, monkeypatch, policy, retain=True)
     assert taken == ([True, True] if policy == "always" else [False, False])
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_out_of_memory_inside_a_compiled_graph_says_what_to_do(m):
+    """An out-of-memory error raised by code torch.compile generated, under the swapper,
+    says that swapping cannot act inside one graph and what to do (compile smaller
+    pieces, or the allocator's LMS); other errors pass unchanged.  (The generated code's
+    frame is stood in for by a function compiled under an inductor file name; the GPU
+    test runs a real compiled ResNet-50.)"""
+    ns = {"torch": torch}
+    exec(compile("def graph():\n    raise torch.OutOfMemoryError('CUDA out of memory. Tried')\n",
+                 "/tmp/torchinductor_root/ab/cab.py", "exec"), ns)
+    sw = m.ActivationSwapper(device_type="cpu")
+    with pytest.raises(torch.OutOfMemoryError, match=r"inside a torch.compile'd graph.*"
+                       r"block.compile\(\).*CUDA out of memory. Tried") as e:
+        with sw:
+            ns["graph"]()
+    assert isinstance(e.value.__cause__, torch.OutOfMemoryError)
+    with pytest.raises(torch.OutOfMemoryError, match=r"^plain$"):
+        with sw:
+            raise torch.OutOfMemoryError("plain")

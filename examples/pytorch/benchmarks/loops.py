@@ -21,7 +21,10 @@ vision-lastbatch torchvision ResNet-50 at 224x224, epochs of 4 batches whose las
                  (0.3 of the batch)
 accum4           timm ViT-L/16 at 224, gradient accumulation over 4 micro-batches per
                  optimizer step (``batch`` is the micro-batch)
-compiled         torchvision ResNet-50 at 224 under ``torch.compile`` (default mode)
+compiled         torchvision ResNet-50 at 224 under ``torch.compile`` (default mode), the
+                 whole model one graph
+compiled-blocks  the same with each of its blocks compiled on its own (``block.compile()``),
+                 as memory-bound users compile (torchtune compiles per layer)
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ SEARCH = {
     "vision-lastbatch": (32, 4096),
     "accum4": (8, 2048),
     "compiled": (32, 4096),
+    "compiled-blocks": (32, 4096),
 }
 LOOPS = tuple(SEARCH)
 
@@ -129,11 +133,16 @@ def _varlen_decoder(batch):
     return Loop("varlen-decoder", model, opt, step, "tok/s")
 
 
-def _resnet(batch, compiled=False):
+def _resnet(batch, compiled=False, blocks=False):
     import torchvision
     torch.manual_seed(0)
     model = torchvision.models.resnet50().to(DEV)
-    run = torch.compile(model) if compiled else model
+    run = torch.compile(model) if compiled and not blocks else model
+    if blocks:
+        for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+            for block in stage:
+                block.compile()
+        compiled = True
     opt = _opt(model)
     gen = _gen()
     x = torch.randn(batch, 3, 224, 224, device=DEV, generator=gen)
@@ -144,7 +153,8 @@ def _resnet(batch, compiled=False):
         n = last if (not compiled and i % 4 == 3) else batch
         _train(model, opt, lambda: F.cross_entropy(run(x[:n]), y[:n]), ctx)
         return "train", n
-    return Loop("compiled" if compiled else "vision-lastbatch", model, opt, step, "img/s")
+    name = "compiled-blocks" if blocks else "compiled" if compiled else "vision-lastbatch"
+    return Loop(name, model, opt, step, "img/s")
 
 
 def _accum4(batch):
@@ -173,8 +183,9 @@ def build(name: str, batch: int) -> Loop:
         return _ckpt_decoder(batch, every_layer=name == "ckpt-decoder")
     if name == "varlen-decoder":
         return _varlen_decoder(batch)
-    if name in ("vision-lastbatch", "compiled"):
-        return _resnet(batch, compiled=name == "compiled")
+    if name in ("vision-lastbatch", "compiled", "compiled-blocks"):
+        return _resnet(batch, compiled=name != "vision-lastbatch",
+                       blocks=name == "compiled-blocks")
     if name == "accum4":
         return _accum4(batch)
     raise SystemExit(f"unknown loop {name!r}; known: {', '.join(LOOPS)}")

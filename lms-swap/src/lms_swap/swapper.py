@@ -48,6 +48,26 @@ def _in_backward() -> bool:
     return task is not None and task() != -1
 
 
+_COMPILED_OOM = (
+    "CUDA out of memory inside a torch.compile'd graph. Activation swapping moves a "
+    "compiled graph's saved tensors only when the whole graph has run (the saved-tensor "
+    "hooks fire at its end), so it cannot lower the peak of one graph: compile smaller "
+    "pieces (each block or layer: `for block in blocks: block.compile()`), or use the "
+    "allocator's LMS (a patched PyTorch build), which moves memory inside graphs too. "
+    "The error was: ")
+
+
+def _in_compiled_graph(tb: Any) -> bool:
+    """Whether a traceback ran through code torch.compile generated."""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if ("/torch/_inductor/" in name or "torchinductor_" in name
+                or "/_aot_autograd/" in name):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class ActivationSwapper(_StepForecast, _CopyPacing):
     """Saved-tensor hooks that swap activations to host memory under pressure.
 
@@ -176,6 +196,8 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         h.__exit__(*exc)
         with _LOSS_LOCK:
             _LOSS.exit()
+        if isinstance(exc[1], _OutOfMemoryError) and _in_compiled_graph(exc[2]):
+            raise _OutOfMemoryError(_COMPILED_OOM + str(exc[1])) from exc[1]
 
     def _chunk_loss(self, x: torch.Tensor) -> bool:
         """Whether ``F.cross_entropy`` over ``x`` runs in blocks (:mod:`.chunked_loss`):

@@ -37,7 +37,7 @@ def main():
         torch.cuda.synchronize()
         out["finite"] = all(bool(torch.isfinite(p).all()) for p in loop.model.parameters())
     except torch.OutOfMemoryError as e:
-        out.update(status="CUDA OOM", error=str(e)[:300])
+        out.update(status="CUDA OOM", error=str(e)[:600])
     out["stats"] = {k: v for k, v in lms.stats().items() if isinstance(v, int)}
     print("LOOP " + json.dumps(out), flush=True)
 

@@ -83,3 +83,15 @@ def test_a_loop_whose_sequence_length_cycles_leaves_the_net_quiet(cuda_clean):
     after = list(zip(r["kind"], r["net"]))[10:]
     assert sum(n for _, n in after) <= 1, after
     assert r["stats"]["swap.forwards_abandoned"] >= 2, r["stats"]
+
+
+def test_a_compiled_model_whose_graph_cannot_fit_says_so(cuda_clean):
+    """ResNet-50 under torch.compile, one graph, at 2.0x stock's batch (1,841 on the
+    H100): the saved-tensor hooks fire only when the compiled graph has run, so its own
+    peak cannot be lowered.  The error must say so and what to do (on df7fc1c: a bare
+    CUDA out of memory in the first forward); its blocks compiled one by one train
+    (the training-loops benchmark's compiled-blocks rows)."""
+    pytest.importorskip("torchvision")
+    r = _run("compiled", 3682, 1)
+    assert r["status"] == "CUDA OOM", r
+    assert "inside a torch.compile'd graph" in r["error"] and "block.compile()" in r["error"], r
