@@ -113,10 +113,13 @@ def child(args):
         ctx = contextlib.nullcontext
 
     def counters():
-        if lms is None:
-            return {}
-        st = lms.stats()
-        return {k: int(st.get(k) or 0) for k in LMS_COUNTERS}
+        # the caching allocator's retries: each released its cache, which waits for
+        # every copy still queued (the loop's compute stands still meanwhile)
+        out = {"alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0))}
+        if lms is not None:
+            st = lms.stats()
+            out.update({k: int(st.get(k) or 0) for k in LMS_COUNTERS})
+        return out
 
     steps = []
     try:
