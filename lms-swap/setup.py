@@ -54,13 +54,10 @@ def _net_setup() -> dict:
         sys.exit(f"LMS_SWAP_BUILD_NET=1 needs torch in the building interpreter ({e}): build with "
                  f"`pip wheel --no-build-isolation` in the environment of the torch to build for")
     toolchain, prebuilt = _standalone("net_toolchain"), _standalone("prebuilt")
-    reason = toolchain.unsupported_reason() or toolchain.cpu_only_reason()
+    reason = toolchain.refusal()
     if reason:
         sys.exit(f"cannot compile the eviction net: {reason}")
-    includes = toolchain._cuda_include_dirs()
-    missing = toolchain.missing_cuda_headers(includes)
-    if missing:
-        sys.exit(f"cannot compile the eviction net: {missing}")
+    includes = toolchain.cuda_include_dirs()
     record = prebuilt.build_record(toolchain.cuda_headers_version(includes))
     version = f"{BASE_VERSION}+{prebuilt.local_version_tag(record['torch'], record['torch_cuda'])}"
 

@@ -1027,7 +1027,7 @@ def test_eviction_net_build_names_missing_cuda_headers(m, monkeypatch, tmp_path)
     """PyTorch's CUDA wheels bring cuda_runtime_api.h (NVIDIA's runtime wheel) but not the
     crt/ headers it includes: the build says what to install instead of a compiler error."""
     (tmp_path / "cuda_runtime_api.h").write_text("/* runtime wheel */\n")
-    monkeypatch.setattr(m.guard, "_cuda_include_dirs", lambda: [str(tmp_path)])
+    monkeypatch.setattr(m.guard, "cuda_include_dirs", lambda: [str(tmp_path)])
     # the message names the wheel of the installed torch's CUDA: set here, so that it is the same
     # with a CPU torch (bookworm's local wheel) and a CUDA 12 or 13 one (PyPI's on Python 3.13)
     monkeypatch.setattr(m.torch.version, "cuda", "12.4")
@@ -1036,7 +1036,7 @@ def test_eviction_net_build_names_missing_cuda_headers(m, monkeypatch, tmp_path)
     monkeypatch.setattr(m.torch.version, "cuda", "13.0")
     with pytest.raises(RuntimeError, match=r"crt/host_defines.h not found.*nvidia-cuda-crt` of CUDA 13.0"):
         m.build_guard()
-    monkeypatch.setattr(m.guard, "_cuda_include_dirs", lambda: [])
+    monkeypatch.setattr(m.guard, "cuda_include_dirs", lambda: [])
     with pytest.raises(RuntimeError, match="cuda_runtime_api.h not found"):
         m.build_guard()
 

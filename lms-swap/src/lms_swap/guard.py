@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from . import prebuilt
-from .net_toolchain import (_cuda_include_dirs, cpu_only_reason, missing_cuda_headers,  # noqa: F401
+from .net_toolchain import (cuda_include_dirs, cpu_only_reason, missing_cuda_headers,  # noqa: F401
                             unsupported_reason)
 
 # refused here, before anything else of the package runs: a prebuilt net of another torch
@@ -44,7 +44,7 @@ def build_guard(verbose: bool = False) -> Any:
     reason = unsupported_reason()
     if reason:
         raise RuntimeError(reason)
-    inc = _cuda_include_dirs()
+    inc = cuda_include_dirs()
     reason = missing_cuda_headers(inc) or cpu_only_reason()
     if reason:
         raise RuntimeError(reason)

@@ -16,7 +16,7 @@ import torch
 CUDA_HEADERS = ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h"))
 
 
-def _cuda_include_dirs() -> List[str]:
+def cuda_include_dirs() -> List[str]:
     """Where the CUDA runtime headers are: a CUDA toolkit, else NVIDIA's wheels (the
     runtime wheel, which PyTorch's CUDA wheels depend on, has ``cuda_runtime_api.h``; the
     ``crt/`` headers it includes come with the compiler wheel, nvidia-cuda-nvcc-cu12, or
@@ -72,6 +72,13 @@ def cpu_only_reason() -> Optional[str]:
     return (f"torch {torch.__version__} is a CPU-only build (its headers lack {config}): the "
             f"eviction net runs under the CUDA caching allocator and is compiled against a CUDA "
             f"build of torch")
+
+
+def refusal() -> Optional[str]:
+    """Why the net cannot be compiled against this torch here, or None: the checks a build
+    makes (``lms-swap/setup.py``), in its order."""
+    return (unsupported_reason() or cpu_only_reason()
+            or missing_cuda_headers(cuda_include_dirs()))
 
 
 def unsupported_reason() -> Optional[str]:

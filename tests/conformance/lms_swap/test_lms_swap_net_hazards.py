@@ -108,7 +108,7 @@ def test_a_pluggable_allocator_leaves_the_net_off_with_one_warning(cuda_only, tm
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from swap_package import import_lms_swap  # the checkout's package, or the installed one
     lms_swap = import_lms_swap()
-    inc = lms_swap.guard._cuda_include_dirs()
+    inc = lms_swap.guard.cuda_include_dirs()
     src = tmp_path / "alloc.cpp"
     src.write_text(PLUGGABLE_C)
     so = tmp_path / "alloc.so"
