@@ -142,7 +142,6 @@ def _resnet(batch, compiled=False, blocks=False):
         for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
             for block in stage:
                 block.compile()
-        compiled = True
     opt = _opt(model)
     gen = _gen()
     x = torch.randn(batch, 3, 224, 224, device=DEV, generator=gen)

@@ -13,8 +13,9 @@ gradient block by block from them.  At most the input and its gradient are alive
 block; and where the input came back from host memory as a tensor nobody else holds (the
 swapper says so through :func:`hand_over`), the gradient is written over it, block by
 block, so backward needs no second tensor of the logits' size (a checkpointed Llama at
-twice stock's batch needed 2 x 35 GiB there on an H100, beside AdamW's state).  The values are those of the same formula (log-sum-exp minus the target's logit;
-softmax minus one-hot), rounded in another order: not bitwise equal to stock's kernels.
+twice stock's batch needed 2 x 35 GiB there on an H100, beside AdamW's state).  The
+values are those of the same formula (log-sum-exp minus the target's logit; softmax
+minus one-hot), rounded in another order: not bitwise equal to stock's kernels.
 So the swapper uses it only where stock's could not fit (``chunked_loss="auto"``: the
 allocation now plus one and a half more tensors of the input's size would be over
 what the caching allocator can have) and counts each use (``swap.chunked_losses``); ``chunked_loss=False`` never does,
@@ -36,19 +37,15 @@ BLOCK_BYTES = 512 << 20  # fp32 bytes of one block of rows
 _HANDED: Dict[int, Any] = {}
 
 
-def _storage_ref(t: torch.Tensor) -> Any:
-    from torch.multiprocessing.reductions import StorageWeakRef
-    return StorageWeakRef(t.untyped_storage())
-
-
 def hand_over(t: torch.Tensor) -> None:
     """Says that ``t`` (the whole of its storage) is held by nobody but the one caller
     it is about to be given to, and will not be asked for again (a saved tensor fetched
     back from host memory, which a second backward would fetch anew): backward may
     write the loss's gradient over it."""
+    from torch.multiprocessing.reductions import StorageWeakRef
     for k in [k for k, r in _HANDED.items() if r.expired()]:
         del _HANDED[k]
-    ref = _storage_ref(t)
+    ref = StorageWeakRef(t.untyped_storage())
     _HANDED[ref.cdata] = ref
 
 

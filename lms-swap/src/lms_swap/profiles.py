@@ -16,7 +16,7 @@ step then teaches it.  Lessons are never carried from one shape to another unsca
 What a step finds on the device before it saves anything (parameters, optimizer state,
 gradients left from the step before when an evaluation pass with autograd on comes between
 optimizer steps) is not the shape's: each lesson keeps the allocation at its step's first
-save (``base``: that of the step whose backward taught the plan; a forward dropped
+save (``taught_base``: that of the step whose backward taught the plan; a forward dropped
 without backward teaches nothing), and the forecast swaps the difference on top of the
 plan where a step begins above it.
 """
@@ -27,11 +27,12 @@ from typing import Any, Dict, Optional, Tuple
 
 __all__ = ["ShapeProfiles", "signature"]
 
-# the _DevState fields that depend on the step's shape: byte counts scale with it, the
-# margin factor k (a multiple of the largest tensor) does not
+# the _DevState fields that depend on the step's shape: byte counts scale with it; the
+# margin factor k (a multiple of the largest tensor) and the allocation at the first save of
+# the step that taught the plan (taught_base: parameters, optimizer state) do not
 _SCALED = ("plan", "prev_saved", "largest")
 _SCALED_LISTS = ("prev_off", "prev_growth")
-_KEPT = ("k",)
+_KEPT = ("k", "taught_base")
 
 
 def signature(t: Any) -> Tuple[Tuple[int, ...], str]:
@@ -65,7 +66,6 @@ class ShapeProfiles:
         self._by_sig.pop(st.sig, None)  # (re-inserted last: the most recent is kept)
         prof = {f: getattr(st, f) for f in _SCALED + _KEPT}
         prof.update({f: list(getattr(st, f)) for f in _SCALED_LISTS})
-        prof["base"] = st.taught_base
         self._by_sig[st.sig] = prof
         while len(self._by_sig) > self._limit:
             self._by_sig.pop(next(iter(self._by_sig)))
@@ -95,7 +95,6 @@ class ShapeProfiles:
             setattr(st, f, [int(v * ratio) for v in prof[f]])
         for f in _KEPT:
             setattr(st, f, prof[f])
-        st.taught_base = prof["base"]
         if how == "exact":
             self.exact += 1
         else:

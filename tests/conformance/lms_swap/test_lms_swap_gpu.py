@@ -479,7 +479,6 @@ def test_forward_waits_for_its_oldest_copies_not_for_the_allocator(lms_swap, cud
 
     def train(net, ctx, retries=None, steps=6):
         opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-        per_step = []  # what the forecast did each step, for the failure's message
         losses = []
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
@@ -493,16 +492,15 @@ def test_forward_waits_for_its_oldest_copies_not_for_the_allocator(lms_swap, cud
             opt.step()
             if retries is not None:
                 st = sw.stats()
-                per_step.append({k.split(".")[-1]: st.get(k, 0) for k in (
+                by_step.append({k.split(".")[-1]: st.get(k, 0) for k in (
                     "policy.dev0.plan_bytes", "swap.out_bytes", "swap.plan_raises_undone",
                     "swap.inflight_bounded", "guard.ooms_caught", "policy.dev0.margin_bytes",
                     "policy.dev0.slack_bytes")})
             losses.append(loss.detach().clone())
-        retries_by_step.extend(per_step)
         torch.cuda.synchronize()
         return losses, [p.detach().clone() for p in net.parameters()]
 
-    retries_by_step = []
+    by_step = []  # what the forecast did each step, for the failure's message
     ref = train(mlp(), contextlib.nullcontext)
     net = mlp()
     gc.collect()
@@ -522,7 +520,7 @@ def test_forward_waits_for_its_oldest_copies_not_for_the_allocator(lms_swap, cud
         torch.cuda.empty_cache()
     s = sw.stats()
     assert s["swap.out_bytes"] > 12 * GiB, s  # a third or more of every step swapped
-    assert sum(retries[3:]) == 0, (retries, retries_by_step, s)
+    assert sum(retries[3:]) == 0, (retries, by_step, s)
     assert s.get("swap.inflight_bounded", 0) > 0, s
     for u, v in zip(ref[0], out[0]):
         assert torch.equal(u, v)
