@@ -18,6 +18,11 @@ DRY_RUN ?=
 # (SOURCE, PATCH) may hold anything else, spaces included, and reach the shell single-quoted (q).
 USER_VARS  := TORCH TF MODE JOBS SOURCE PATCH PATCH_SHA256 DRY_RUN TREE_ONLY TORCH_PYTHON CONDA
 $(foreach v,$(USER_VARS),$(if $(findstring $$,$(value $v)),$(error $v must not contain `$$`)))
+# The interpreters, the virtualenv's path and pytest's extra arguments have defaults that refer to
+# other variables; a value the user gives them is held to the same rule, and they reach the shell
+# single-quoted (PYTEST_ARGS through PYTEST_ADDOPTS, which pytest splits as a shell would).
+$(foreach v,PYTHON VENV PY PYTEST_ARGS,$(if $(filter command line environment,$(origin $v)),$(if \
+  $(findstring $$,$(value $v)),$(error $v must not contain `$$`))))
 _empty :=
 _space := $(_empty) $(_empty)
 # $(call _strip,TEXT,CHARS): TEXT without any of CHARS (each a word)
@@ -35,7 +40,7 @@ $(if $(filter-out full overlay,$(MODE)),$(error MODE=$(MODE) is not full or over
 # $(call q,TEXT): TEXT as one single-quoted shell word
 q = '$(subst ','\'',$1)'
 
-TOOLS        = $(PY) -m build_tools
+TOOLS        = $(call q,$(PY)) -m build_tools
 # The virtualenv is made on demand, unless PY names another interpreter (PY=python3).
 NEED_VENV    = $(filter $(VENV)/bin/python,$(PY))
 SOURCE_ARG   = $(if $(SOURCE),--source $(call q,$(SOURCE)))
@@ -81,12 +86,12 @@ help:
 # package (lms-swap/: `import lms_swap`), both editable.
 $(VENV)/bin/python: pyproject.toml lms-swap/pyproject.toml
 	@echo "==> making the virtualenv "$(call q,$(VENV))" with "$(call q,$(PYTHON))
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(call q,$(PYTHON)) -m venv $(call q,$(VENV))
+	$(call q,$(VENV)/bin/python) -m pip install -q --upgrade pip
 	@echo "==> pip install: the tools, the test dependencies (CPU torch, CUDA headers) and lms-swap into "$(call q,$(VENV))";"
 	@echo "    the first time this downloads for minutes: pip names each package as it goes"
-	$(VENV)/bin/python -m pip install -e '.[test]' -e ./lms-swap
-	@touch $@
+	$(call q,$(VENV)/bin/python) -m pip install -e '.[test]' -e ./lms-swap
+	@touch $(call q,$@)
 
 setup: system-packages $(NEED_VENV)
 
@@ -125,14 +130,16 @@ tags: | $(NEED_VENV)
 	@$(TOOLS) tags
 
 test: setup
-	$(PY) -m pytest
+	$(call q,$(PY)) -m pytest
 
 # GPU runners usually have their framework installed already: run with the interpreter that has it
 # (PY=python3 by default here, not the virtualenv), writing junit + json summaries.
 conformance:
 	mkdir -p build/conformance
-	LMS_CONFORMANCE_REPORT=build/conformance/summary.json $(PYTHON) -m pytest -m gpu tests/conformance -v \
-	  --junitxml=build/conformance/junit.xml -o junit_family=xunit2 $(PYTEST_ARGS)
+	LMS_CONFORMANCE_REPORT=build/conformance/summary.json \
+	  $(if $(PYTEST_ARGS),PYTEST_ADDOPTS=$(call q,$(PYTEST_ADDOPTS) $(PYTEST_ARGS))) \
+	  $(call q,$(PYTHON)) -m pytest -m gpu tests/conformance -v \
+	  --junitxml=build/conformance/junit.xml -o junit_family=xunit2
 
 # The project's build/ and dist/, never the caller's folder.
 clean:

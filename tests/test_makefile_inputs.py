@@ -51,6 +51,44 @@ def test_the_interpreter_name_reaches_the_shell_quoted(tmp_path):
     assert not (tmp_path / "injected").exists() and not (ROOT / "injected").exists()
 
 
+def _make_raw(*args, cwd):
+    """`make` with exactly these arguments (make() above adds its own PY)."""
+    return subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), *args], cwd=cwd,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+def test_the_interpreters_reach_the_shell_quoted(tmp_path):
+    """PY (the tools' interpreter) and PYTHON (the conformance run's) are one shell word each: a
+    command in them is a name that does not exist, and runs nothing."""
+    r = _make_raw("tags", "PY=python3; touch injected;", cwd=tmp_path)
+    assert r.returncode != 0, r.stdout
+    r = _make_raw("conformance", "PYTHON=python3; touch injected;", cwd=tmp_path)
+    assert r.returncode != 0, r.stdout
+    assert not (tmp_path / "injected").exists() and not (ROOT / "injected").exists()
+
+
+@pytest.mark.parametrize("var", ["PYTHON", "VENV", "PY", "PYTEST_ARGS"])
+def test_a_dollar_in_the_interpreter_variables_is_refused(var, tmp_path):
+    r = _make_raw("help", f"{var}=$(shell touch injected)", cwd=tmp_path)
+    assert r.returncode != 0 and f"{var} must not contain" in r.stdout, r.stdout
+    assert not (tmp_path / "injected").exists() and not (ROOT / "injected").exists()
+
+
+def test_pytest_args_reach_pytest_and_not_the_shell(tmp_path):
+    """PYTEST_ARGS of `make conformance` arrive as pytest's arguments (through PYTEST_ADDOPTS),
+    split as a shell would split them, and a shell command in them runs nothing."""
+    probe = tmp_path / "tests" / "conformance"
+    probe.mkdir(parents=True)
+    (probe / "test_probe.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_probe():\n    pass\n")
+    r = _make_raw("conformance", f"PYTHON={sys.executable}", "PYTEST_ARGS=-k 'probe and not other'", cwd=tmp_path)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout
+    r = _make_raw("conformance", f"PYTHON={sys.executable}", "PYTEST_ARGS=-k 'nothing or absent'", cwd=tmp_path)
+    assert r.returncode != 0 and "1 deselected" in r.stdout, r.stdout
+    r = _make_raw("conformance", f"PYTHON={sys.executable}", "PYTEST_ARGS=-p no:x; touch injected", cwd=tmp_path)
+    assert r.returncode != 0, r.stdout
+    assert not (tmp_path / "injected").exists() and not (ROOT / "injected").exists()
+
+
 def test_a_patch_path_with_spaces_and_quotes_works(tmp_path):
     d = tmp_path / "my dir's"
     d.mkdir()
