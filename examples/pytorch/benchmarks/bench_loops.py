@@ -50,7 +50,8 @@ LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard
                 "guard.ooms_caught", "swap.fetched_on_demand", "swap.guard_fetched",
                 "swap.planned_count", "swap.reactive_count", "swap.chunked_losses",
                 "swap.profile_exact", "swap.profile_scaled", "swap.forwards_abandoned",
-                "swap.backward_saves", "swap.prefetched", "guard.host_bytes")
+                "swap.backward_saves", "swap.prefetched", "guard.host_bytes", "host.pin_ms",
+                "host.evictions")
 LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
               "policy.dev0.forward_end_bytes", "host.in_use_bytes", "host.reserved_bytes")
 

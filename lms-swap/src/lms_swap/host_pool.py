@@ -31,9 +31,10 @@ class _Chunk:
     end -> start; neighbours are always merged); ``ranges`` counts the ranges handed out
     and not yet free again (in use, or waiting for their last copy)."""
 
-    __slots__ = ("id", "buf", "size", "starts", "ends", "ranges", "last_step", "offered")
+    __slots__ = ("id", "buf", "size", "starts", "ends", "ranges", "last_step", "last_time",
+                 "offered")
 
-    def __init__(self, cid: int, buf: torch.Tensor, step: int) -> None:
+    def __init__(self, cid: int, buf: torch.Tensor, step: int, now: float) -> None:
         self.id = cid
         self.buf = buf
         self.size = buf.numel()
@@ -41,6 +42,7 @@ class _Chunk:
         self.ends: Dict[int, int] = {}
         self.ranges = 0
         self.last_step = step
+        self.last_time = now
         self.offered = False  # idle, and the eviction net's to give back until withdrawn
 
 
@@ -73,11 +75,17 @@ class HostPool:
     tensor stay pinned; the chunk size bounds that waste per chunk.
 
     Between training steps (:meth:`end_step`) the pool gives back the chunks nothing was
-    carved from in the last ``keep_steps`` steps: host memory follows need, and what any
-    recent step used stays pinned.  Pinning runs at 3-4 GB/s (on the H100 machine), and
+    carved from in the last ``keep_steps`` steps and for longer than pinning them again
+    would take, divided by ``repin_share``: host memory follows need, what any recent
+    step used stays pinned, and pinning again what was given back costs at most that
+    share of the time it lay idle.  Pinning runs at 3-4 GB/s (on the H100 machine), and
     a step's need varies: a Llama at 1.5x swapped its 6.6 GiB fp32 logits in two steps
     of every four; a pool capped at the most one step had in use gave that memory back
-    and pinned it again every cycle (4 s in a 1.7 s step).  Unused chunks yield to the
+    and pinned it again every cycle (4 s in a 1.7 s step).  A loop with an evaluation
+    pass every 10 steps that swaps 17 GB more than its training steps lost them after 8
+    steps and spent 2.5-4 s pinning them again in each such pass.  ``pin_rate`` (bytes a
+    second) is measured from the pool's own pinning unless given; unpinned chunks cost
+    nothing to map again and age by steps alone.  Unused chunks yield to the
     limit at once: when the eviction net's host copies (``extra_fn``) and what the pool
     holds exceed it, the next pool operation releases them, least recently used first.
     The net counts every byte the pool holds (``on_change`` reports :attr:`reserved`)
@@ -107,6 +115,9 @@ class HostPool:
         net=None,
         keep_steps: int = 8,
         chunk_bytes: int = 256 * MiB,
+        repin_share: float = 0.05,
+        pin_rate: Optional[float] = None,
+        clock=time.monotonic,
     ) -> None:
         if limit < 0:
             raise ValueError("host pool limit must be >= 0")
@@ -114,6 +125,10 @@ class HostPool:
             raise ValueError("host pool keep_steps must be >= 1")
         if chunk_bytes <= 0:
             raise ValueError("host pool chunk_bytes must be > 0")
+        if not 0 < repin_share <= 1:
+            raise ValueError("host pool repin_share must be in (0, 1]")
+        if pin_rate is not None and not pin_rate > 0:
+            raise ValueError("host pool pin_rate must be > 0 bytes a second")
         self.limit = int(limit)
         self.pin = bool(pin)
         self.min_available = int(min_available)
@@ -124,6 +139,9 @@ class HostPool:
         self._on_change = on_change    # called with `reserved` when it changes
         self._net = net                # offer / withdraw / take_discarded (the eviction net)
         self.keep_steps = int(keep_steps)
+        self.repin_share = float(repin_share)
+        self._pin_rate = pin_rate
+        self._clock = clock
         self.chunk_bytes = _round_up(chunk_bytes, _PAGE)
         self._step = 0                 # end_step() calls so far
         self._lock = threading.RLock()
@@ -146,6 +164,7 @@ class HostPool:
         self.net_discards = 0          # idle chunks the eviction net gave back
         self.blocks = 0
         self.pin_seconds = 0.0
+        self.pinned_bytes = 0          # bytes pinned so far, chunks given back included
         self._device: Optional[int] = None  # where the chunks were pinned
 
     # -- public --------------------------------------------------------------------
@@ -200,20 +219,22 @@ class HostPool:
 
     def end_step(self) -> int:
         """Called between training steps: gives back the chunks nothing was carved from
-        in the last ``keep_steps`` steps (a step that swaps nothing holds nothing after
-        ``keep_steps`` more).  Returns the bytes released."""
+        in the last ``keep_steps`` steps nor for ``1 / repin_share`` times as long as
+        pinning them again takes.  Returns the bytes released."""
         released = 0
         with self._lock:
             self._flush()
             self._step += 1
             oldest = self._step - self.keep_steps  # chunks last used before that step go
+            now = self._clock()
             with self._deferring_frees():
                 self._collect()
                 self._reclaim("poll")
                 for c in self._idle_chunks():
                     if c.last_step >= oldest:
                         break
-                    released += self._release_chunk(c)
+                    if now - c.last_time >= self._repin_seconds(c.size) / self.repin_share:
+                        released += self._release_chunk(c)
             released += self._trim_to_limit()
         return released
 
@@ -285,7 +306,7 @@ class HostPool:
                     continue
                 chunk, start, length = ent
                 self.in_use -= buf.numel()
-                chunk.last_step = self._step
+                self._touch(chunk)
                 self._cooling.append((chunk, start, length, event))
             self._reclaim("front")
         self._changed()
@@ -358,7 +379,7 @@ class HostPool:
         """The first ``nbytes`` of a range carved by :meth:`_best_fit`, as a tensor."""
         buf = chunk.buf[start:start + nbytes]
         self._live[buf.data_ptr()] = (chunk, start, length)
-        chunk.last_step = self._step
+        self._touch(chunk)
         self.in_use += nbytes
         self.peak_in_use = max(self.peak_in_use, self.in_use)
         return buf
@@ -421,6 +442,19 @@ class HostPool:
             self._offer(chunk)
 
     # -- chunks --------------------------------------------------------------------
+    def _touch(self, chunk: _Chunk) -> None:
+        chunk.last_step = self._step
+        chunk.last_time = self._clock()
+
+    def _repin_seconds(self, nbytes: int) -> float:
+        """How long pinning ``nbytes`` again would take (0 for unpinned chunks)."""
+        rate = self._pin_rate
+        if rate is None:
+            if not self.pin or self.pin_seconds <= 0:
+                return 0.0
+            rate = self.pinned_bytes / self.pin_seconds
+        return nbytes / rate
+
     def _idle_chunks(self) -> List[_Chunk]:
         """Chunks nothing is carved from, least recently used first."""
         return sorted((c for c in self._chunks.values() if c.ranges == 0),
@@ -570,7 +604,8 @@ class HostPool:
             raise
         if self.pin:
             self.pin_seconds += time.perf_counter() - t0
-        chunk = _Chunk(next(_chunk_ids), buf, self._step)
+            self.pinned_bytes += length
+        chunk = _Chunk(next(_chunk_ids), buf, self._step, self._clock())
         self._chunks[chunk.id] = chunk
         self._add_free(chunk, 0, length)
         self.reserved += length
