@@ -34,7 +34,7 @@ def cpu_swapper(m, **kw):
 
 # ------------------------------------------------------------------ host pool
 def test_pool_exact_sizes_carved_from_one_chunk(m):
-    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
     a = pool.alloc(1000003)
     b = pool.alloc(12345)
     assert a.numel() == 1000003 and b.numel() == 12345  # no rounding
@@ -57,14 +57,14 @@ def test_pool_exact_sizes_carved_from_one_chunk(m):
     assert pool.empty_cache() == 4 * MiB
     assert pool.reserved == 0 and pool.blocks == 0
     with pytest.raises(ValueError, match="chunk_bytes"):
-        m.HostPool(limit=1, pin=False, chunk_bytes=0)
+        m.HostPool(keep_seconds=0, limit=1, pin=False, chunk_bytes=0)
 
 
 def test_pool_serves_other_sizes_from_what_it_pinned(m):
     """Steps that swap other tensors than the step before (a first step that swapped
     under pressure, then a planned one; variable sequence lengths) are served from the
     same chunks: the pool grows only when the bytes in use do."""
-    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=32 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, chunk_bytes=32 * MiB)
     bufs = [pool.alloc(3 * MiB) for _ in range(8)]      # 24 MiB
     for b in bufs:
         pool.free(b)
@@ -89,7 +89,7 @@ def test_pool_serves_other_sizes_from_what_it_pinned(m):
 def test_pool_pieces_span_chunks(m):
     """A request larger than every free range is served from several ranges (of other
     chunks) instead of pinning a chunk of its own; the bytes round-trip in order."""
-    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
     bufs = [pool.alloc(3 * MiB) for _ in range(4)]      # 4 chunks, 1 MiB left in each
     for b in bufs:
         pool.free(b)
@@ -117,7 +117,7 @@ def test_pool_pieces_grow_only_by_what_is_missing(m):
     from one new chunk; a request that cannot be served leaves the pool as it was."""
     gc.collect()                                         # earlier tests' pools go, and
     m.HostPool.wait_released()                           # count no longer (shared thread)
-    pool = m.HostPool(limit=24 * MiB, pin=False, chunk_bytes=8 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=24 * MiB, pin=False, chunk_bytes=8 * MiB)
     a = pool.alloc(7 * MiB)                              # chunk 1: 1 MiB left
     b = pool.alloc(5 * MiB)                              # chunk 2: 3 MiB left
     pieces = pool.alloc_pieces(6 * MiB)                  # 3 MiB of chunk 2 + 3 MiB new
@@ -139,7 +139,7 @@ def test_steps_that_swap_other_sizes_reuse_the_pool(m):
     """A first step that swaps many small tensors, then steps that swap a few large
     ones (an EfficientNet's reactive first step, then its plan): the large ones are
     served in pieces from the first step's chunks."""
-    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, chunk_bytes=4 * MiB)
     small = [pool.alloc(MiB + 4096 * i) for i in range(24)]
     for b in small:
         pool.free(b)
@@ -155,7 +155,7 @@ def test_steps_that_swap_other_sizes_reuse_the_pool(m):
 
 
 def test_swapped_tensors_split_into_pieces_round_trip_bitwise(m):
-    pool = m.HostPool(limit=1 << 40, pin=False, chunk_bytes=2 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, chunk_bytes=2 * MiB)
     for b in [pool.alloc(2 * MiB) for _ in range(32)]:   # 32 chunks of 2 MiB, all free
         pool.free(b)
     sw = cpu_swapper(m, pool=pool)
@@ -181,7 +181,7 @@ def test_swapped_tensors_split_into_pieces_round_trip_bitwise(m):
 
 
 def test_pool_limit_releases_idle_chunks_then_raises(m):
-    pool = m.HostPool(limit=3 * MiB, pin=False)
+    pool = m.HostPool(keep_seconds=0, limit=3 * MiB, pin=False)
     a = pool.alloc(2 * MiB)  # a chunk of 256 MiB does not fit the limit: one of 2 MiB
     assert pool.reserved == 2 * MiB
     pool.free(a)
@@ -209,7 +209,7 @@ def test_pool_keeps_machine_memory_available(m):
     def available():
         return avail["bytes"]
 
-    pool = m.HostPool(limit=1 << 40, pin=False, min_available=4 * MiB, available_fn=available)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, min_available=4 * MiB, available_fn=available)
     a = pool.alloc(5 * MiB)  # leaves 5 MiB: fine
     avail["bytes"] -= 5 * MiB
     with pytest.raises(m.LMSHostMemoryError, match="nearly exhausted"):
@@ -233,7 +233,7 @@ def test_pool_shared_budget_with_allocator(m):
             self.used -= n
 
     budget = Budget(4 * MiB)
-    pool = m.HostPool(limit=1 << 40, pin=False, reserve_fn=budget.reserve, release_fn=budget.release)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, reserve_fn=budget.reserve, release_fn=budget.release)
     a = pool.alloc(3 * MiB)
     assert budget.used == 3 * MiB
     pool.free(a)
@@ -301,7 +301,7 @@ def test_host_limit_error_names_the_rank_under_torchrun(m, monkeypatch):
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    pool = m.HostPool(limit=4 * MiB, pin=False)
+    pool = m.HostPool(keep_seconds=0, limit=4 * MiB, pin=False)
     with pytest.raises(m.LMSHostMemoryError) as e:
         pool.alloc(8 * MiB)
     msg = str(e.value)
@@ -683,7 +683,7 @@ def _rss() -> int:
 
 
 def test_pool_gives_host_memory_back_after_steps_that_need_less(m):
-    pool = m.HostPool(limit=1 << 40, pin=False)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False)
     assert pool.keep_steps == 8
     bufs = [pool.alloc(64 * MiB) for _ in range(4)]
     for b in bufs:
@@ -704,7 +704,7 @@ def test_pool_gives_host_memory_back_after_steps_that_need_less(m):
 def test_pool_keeps_what_recent_steps_used(m):
     """A cycle of steps that swap more and less pins nothing after its first round (the
     pool keeps every buffer one of the last keep_steps steps handed out)."""
-    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=4, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, keep_steps=4, chunk_bytes=4 * MiB)
     for step in range(12):                            # 16, 8, 8, 8 MiB, in turn
         bufs = [pool.alloc(4 * MiB) for _ in range(4 if step % 4 == 0 else 2)]
         for b in bufs:
@@ -721,7 +721,7 @@ def test_pool_keeps_sizes_that_alternate_between_steps(m):
     """Steps whose swapped sizes differ (a decoder's fp32 logits swapped in two steps of
     four) keep both sets pinned: the union of what recent steps used, not the most one
     step had in use, which gave the large buffer back and pinned it again every cycle."""
-    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=8, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, keep_steps=8, chunk_bytes=4 * MiB)
     for step in range(16):
         sizes = [4 * MiB] * 3 + ([24 * MiB] if step % 4 in (2, 3) else [])
         bufs = [pool.alloc(n) for n in sizes]
@@ -732,34 +732,41 @@ def test_pool_keeps_sizes_that_alternate_between_steps(m):
     assert pool.reserved == 36 * MiB
 
 
-def test_pool_keeps_what_a_periodic_pass_pins_while_pinning_it_again_would_cost_more(m):
-    """An evaluation pass every 10 steps that swaps more than the training steps keeps
-    its extra chunks across the 9 steps between (giving them back after 8 steps cost
-    2.5-4 s of pinning in every pass on the H100); once they lie idle 1 / repin_share
-    times as long as pinning them again takes, they go back."""
+def test_pool_learns_to_keep_what_a_periodic_pass_pins(m):
+    """An evaluation pass every 10 steps that swaps more than the training steps: once
+    the pool has given its extra chunks back and had to pin them again, it keeps chunks
+    idle for twice that period (giving them back after 8 steps cost 2.5-4 s of pinning
+    in every pass on the H100).  Idle longer than that, they go back."""
     now = {"t": 0.0}
     pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=8, chunk_bytes=4 * MiB,
-                      pin_rate=4 * MiB, clock=lambda: now["t"])  # 1 s to pin a chunk
-    assert pool.repin_share == 0.05
-    for step in range(30):
+                      keep_seconds=5.0, clock=lambda: now["t"])
+    misses = []
+    for step in range(40):
         now["t"] += 1.0                               # 1 s steps
-        sizes = [4 * MiB] * (6 if step % 10 == 9 else 2)
-        bufs = [pool.alloc(n) for n in sizes]
+        bufs = [pool.alloc(4 * MiB) for _ in range(6 if step % 10 == 9 else 2)]
         for b in bufs:
             pool.free(b)
         pool.end_step()
-    assert pool.misses == 6                           # the pass's 4 extra pinned once
-    assert pool.reserved == 24 * MiB
-    for _ in range(19):                               # idle 19 s < 20 s: kept
+        misses.append(pool.misses)
+    assert misses[9] == 6 and misses[19] == 10        # given back once, pinned again
+    assert pool.keep_seconds == 20.0                  # twice 10 s from last use to need
+    assert misses[-1] == 10 and pool.reserved == 24 * MiB  # kept from then on
+    for _ in range(19):
         now["t"] += 1.0
         pool.end_step()
-    assert pool.reserved == 24 * MiB
+    assert pool.reserved == 24 * MiB                  # idle 19 s < 20 s: kept
     now["t"] += 1.0
     assert pool.end_step() == 24 * MiB and pool.reserved == 0
-    with pytest.raises(ValueError, match="repin_share"):
-        m.HostPool(limit=1, pin=False, repin_share=0)
-    with pytest.raises(ValueError, match="pin_rate"):
-        m.HostPool(limit=1, pin=False, pin_rate=0)
+    capped = m.HostPool(limit=1 << 40, pin=False, keep_steps=1, chunk_bytes=4 * MiB,
+                        keep_seconds=0.0, max_keep_seconds=50.0, clock=lambda: now["t"])
+    capped.free(capped.alloc(4 * MiB))
+    now["t"] += 1000.0
+    capped.end_step()
+    assert capped.end_step() == 4 * MiB
+    capped.alloc(4 * MiB)                             # a need that recurs after 1000 s
+    assert capped.keep_seconds == 50.0
+    with pytest.raises(ValueError, match="keep_seconds"):
+        m.HostPool(limit=1, pin=False, keep_seconds=-1)
 
 
 def test_pool_cache_yields_to_host_memory_held_elsewhere(m):
@@ -767,7 +774,7 @@ def test_pool_cache_yields_to_host_memory_held_elsewhere(m):
     released at the next pool operation, least recently returned first, never a buffer
     in use."""
     held = {"n": 0}
-    pool = m.HostPool(limit=16 * MiB, pin=False, extra_fn=lambda: held["n"])
+    pool = m.HostPool(keep_seconds=0, limit=16 * MiB, pin=False, extra_fn=lambda: held["n"])
     a, b, c = (pool.alloc(4 * MiB) for _ in range(3))
     pool.free(a)
     pool.free(b)
@@ -785,7 +792,7 @@ def test_pool_limit_counts_bytes_still_being_given_back(m):
     count against the limit, and an allocation that needs their room waits for them
     instead of failing or going over."""
     gate = threading.Event()
-    pool = m.HostPool(limit=8 * MiB, pin=False, keep_steps=1,
+    pool = m.HostPool(keep_seconds=0, limit=8 * MiB, pin=False, keep_steps=1,
                       reserve_fn=lambda n: True, release_fn=lambda n: gate.wait(10))
     b = pool.alloc(8 * MiB)
     pool.free(b)
@@ -835,7 +842,7 @@ class NetSide:
 
 def test_the_net_is_told_every_byte_the_pool_holds(m):
     seen = []
-    pool = m.HostPool(limit=1 << 40, pin=False, on_change=seen.append, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, on_change=seen.append, chunk_bytes=4 * MiB)
     b = pool.alloc(4 * MiB)
     assert seen[-1] == 4 * MiB
     pool.free(b)
@@ -848,7 +855,7 @@ def test_idle_chunks_are_the_nets_to_give_back(m):
     before it carves from the chunk; a chunk the net gave back leaves the pool's books at
     its next operation and is never handed out again."""
     net, seen = NetSide(), []
-    pool = m.HostPool(limit=1 << 40, pin=False, net=net, on_change=seen.append,
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, net=net, on_change=seen.append,
                       chunk_bytes=4 * MiB)
     a, b = pool.alloc(4 * MiB), pool.alloc(4 * MiB)
     assert net.offers == {}                           # carved: not offered
@@ -882,7 +889,7 @@ def test_the_nets_count_of_bytes_being_given_back_survives_a_second_pool(m):
         total["n"] += delta
 
     old = _releaser.on_pending
-    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=1, chunk_bytes=4 * MiB,
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, keep_steps=1, chunk_bytes=4 * MiB,
                       reserve_fn=lambda n: True, release_fn=lambda n: gate.wait(10))
     try:
         b = pool.alloc(4 * MiB)
@@ -905,7 +912,7 @@ def test_a_chunk_given_back_unseen_is_dropped_when_the_pool_reaches_for_it(m):
     """The net may give a chunk back after the pool last asked: withdrawing then fails,
     and the pool drops the chunk instead of carving from it or releasing it again."""
     net = NetSide()
-    pool = m.HostPool(limit=1 << 40, pin=False, net=net, keep_steps=1, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, net=net, keep_steps=1, chunk_bytes=4 * MiB)
     a = pool.alloc(4 * MiB)
     pool.free(a)
     del a
@@ -924,7 +931,7 @@ def test_a_chunk_given_back_unseen_is_dropped_when_the_pool_reaches_for_it(m):
 
 
 def test_pool_reuses_its_hot_buffers_and_lets_the_rest_age_out(m):
-    pool = m.HostPool(limit=1 << 40, pin=False, keep_steps=2, chunk_bytes=4 * MiB)
+    pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, keep_steps=2, chunk_bytes=4 * MiB)
     bufs = [pool.alloc(4 * MiB) for _ in range(3)]    # one step held three at once
     for b in bufs:
         pool.free(b)
@@ -938,7 +945,7 @@ def test_pool_reuses_its_hot_buffers_and_lets_the_rest_age_out(m):
     assert pool.misses == 3                           # nothing pinned again
     assert released == 8 * MiB and pool.reserved == 4 * MiB
     with pytest.raises(ValueError, match="keep_steps"):
-        m.HostPool(limit=1, pin=False, keep_steps=0)
+        m.HostPool(keep_seconds=0, limit=1, pin=False, keep_steps=0)
 
 
 def _pin_check():
@@ -953,26 +960,26 @@ def test_pin_check_fails_on_a_pageable_pool(m, monkeypatch):
     it at its first buffer, whole and in pieces; pinned buffers pass and are counted;
     swappers of device_type "cpu" are not checked."""
     pc = _pin_check()
-    pool = pc.check_pool(m.HostPool(limit=1 << 30, pin=False, chunk_bytes=4 * MiB))
+    pool = pc.check_pool(m.HostPool(keep_seconds=0, limit=1 << 30, pin=False, chunk_bytes=4 * MiB))
     with pytest.raises(AssertionError, match="not pinned"):
         pool.alloc(1 * MiB)
     with pytest.raises(AssertionError, match="not pinned"):
         pool.alloc_pieces(6 * MiB)
     assert pool.pin_checks == 0
-    ok = pc.check_pool(m.HostPool(limit=1 << 30, pin=False, chunk_bytes=4 * MiB), is_pinned=lambda t: True)
+    ok = pc.check_pool(m.HostPool(keep_seconds=0, limit=1 << 30, pin=False, chunk_bytes=4 * MiB), is_pinned=lambda t: True)
     ok.alloc(1 * MiB)
     ok.alloc_pieces(6 * MiB)
     assert ok.pin_checks >= 3
     pc.check_cuda_swappers(m, monkeypatch)
     assert getattr(cpu_swapper(m).pool, "pin_checks", None) is None
-    cuda_sw = m.ActivationSwapper(device_type="cuda", pool=m.HostPool(limit=1 << 30, pin=False))
+    cuda_sw = m.ActivationSwapper(device_type="cuda", pool=m.HostPool(keep_seconds=0, limit=1 << 30, pin=False))
     with pytest.raises(AssertionError, match="not pinned"):
         cuda_sw.pool.alloc(1 * MiB)
 
 
 def test_pool_limit_counts_host_memory_held_elsewhere(m):
     held = {"n": 6 * MiB}
-    pool = m.HostPool(limit=10 * MiB, pin=False, extra_fn=lambda: held["n"])
+    pool = m.HostPool(keep_seconds=0, limit=10 * MiB, pin=False, extra_fn=lambda: held["n"])
     pool.alloc(4 * MiB)
     with pytest.raises(m.LMSHostMemoryError, match="host memory limit"):
         pool.alloc(1 * MiB)

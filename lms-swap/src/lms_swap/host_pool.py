@@ -75,17 +75,17 @@ class HostPool:
     tensor stay pinned; the chunk size bounds that waste per chunk.
 
     Between training steps (:meth:`end_step`) the pool gives back the chunks nothing was
-    carved from in the last ``keep_steps`` steps and for longer than pinning them again
-    would take, divided by ``repin_share``: host memory follows need, what any recent
-    step used stays pinned, and pinning again what was given back costs at most that
-    share of the time it lay idle.  Pinning runs at 3-4 GB/s (on the H100 machine), and
-    a step's need varies: a Llama at 1.5x swapped its 6.6 GiB fp32 logits in two steps
-    of every four; a pool capped at the most one step had in use gave that memory back
-    and pinned it again every cycle (4 s in a 1.7 s step).  A loop with an evaluation
-    pass every 10 steps that swaps 17 GB more than its training steps lost them after 8
-    steps and spent 2.5-4 s pinning them again in each such pass.  ``pin_rate`` (bytes a
-    second) is measured from the pool's own pinning unless given; unpinned chunks cost
-    nothing to map again and age by steps alone.  Unused chunks yield to the
+    carved from in the last ``keep_steps`` steps nor in the last ``keep_seconds``: host
+    memory follows need, and what any recent step used stays pinned.  Pinning runs at
+    3-4 GB/s (on the H100 machine), and a step's need varies: a Llama at 1.5x swapped
+    its 6.6 GiB fp32 logits in two steps of every four; a pool capped at the most one
+    step had in use gave that memory back and pinned it again every cycle (4 s in a
+    1.7 s step).  A loop with an evaluation pass every 10 steps that swapped 17 GB more
+    than its training steps lost those chunks after 8 steps and spent 2.5-4 s pinning
+    them again in each pass.  When the pool pins again after giving chunks back, the
+    need recurred: ``keep_seconds`` grows to twice the time from those chunks' last use
+    to now (at most ``max_keep_seconds``), so a need that comes back every period keeps
+    its chunks from then on.  Unused chunks yield to the
     limit at once: when the eviction net's host copies (``extra_fn``) and what the pool
     holds exceed it, the next pool operation releases them, least recently used first.
     The net counts every byte the pool holds (``on_change`` reports :attr:`reserved`)
@@ -115,8 +115,8 @@ class HostPool:
         net=None,
         keep_steps: int = 8,
         chunk_bytes: int = 256 * MiB,
-        repin_share: float = 0.05,
-        pin_rate: Optional[float] = None,
+        keep_seconds: float = 30.0,
+        max_keep_seconds: float = 600.0,
         clock=time.monotonic,
     ) -> None:
         if limit < 0:
@@ -125,10 +125,8 @@ class HostPool:
             raise ValueError("host pool keep_steps must be >= 1")
         if chunk_bytes <= 0:
             raise ValueError("host pool chunk_bytes must be > 0")
-        if not 0 < repin_share <= 1:
-            raise ValueError("host pool repin_share must be in (0, 1]")
-        if pin_rate is not None and not pin_rate > 0:
-            raise ValueError("host pool pin_rate must be > 0 bytes a second")
+        if not 0 <= keep_seconds <= max_keep_seconds:
+            raise ValueError("host pool keep_seconds must be in [0, max_keep_seconds]")
         self.limit = int(limit)
         self.pin = bool(pin)
         self.min_available = int(min_available)
@@ -139,9 +137,10 @@ class HostPool:
         self._on_change = on_change    # called with `reserved` when it changes
         self._net = net                # offer / withdraw / take_discarded (the eviction net)
         self.keep_steps = int(keep_steps)
-        self.repin_share = float(repin_share)
-        self._pin_rate = pin_rate
+        self.keep_seconds = float(keep_seconds)
+        self.max_keep_seconds = float(max_keep_seconds)
         self._clock = clock
+        self._gave_back_use: Optional[float] = None  # last use of what end_step gave back
         self.chunk_bytes = _round_up(chunk_bytes, _PAGE)
         self._step = 0                 # end_step() calls so far
         self._lock = threading.RLock()
@@ -164,7 +163,6 @@ class HostPool:
         self.net_discards = 0          # idle chunks the eviction net gave back
         self.blocks = 0
         self.pin_seconds = 0.0
-        self.pinned_bytes = 0          # bytes pinned so far, chunks given back included
         self._device: Optional[int] = None  # where the chunks were pinned
 
     # -- public --------------------------------------------------------------------
@@ -219,8 +217,8 @@ class HostPool:
 
     def end_step(self) -> int:
         """Called between training steps: gives back the chunks nothing was carved from
-        in the last ``keep_steps`` steps nor for ``1 / repin_share`` times as long as
-        pinning them again takes.  Returns the bytes released."""
+        in the last ``keep_steps`` steps nor in the last ``keep_seconds``.  Returns the
+        bytes released."""
         released = 0
         with self._lock:
             self._flush()
@@ -233,8 +231,10 @@ class HostPool:
                 for c in self._idle_chunks():
                     if c.last_step >= oldest:
                         break
-                    if now - c.last_time >= self._repin_seconds(c.size) / self.repin_share:
+                    if now - c.last_time >= self.keep_seconds:
                         released += self._release_chunk(c)
+                        self._gave_back_use = max(self._gave_back_use or c.last_time,
+                                                  c.last_time)
             released += self._trim_to_limit()
         return released
 
@@ -274,6 +274,7 @@ class HostPool:
                 "host.evictions": self.evictions,
                 "host.net_discards": self.net_discards,
                 "host.pin_ms": int(self.pin_seconds * 1000),
+                "host.keep_ms": int(self.keep_seconds * 1000),
                 "host.releasing_bytes": _releaser.pending,
                 "host.release_errors": _releaser.errors,
             }
@@ -446,15 +447,6 @@ class HostPool:
         chunk.last_step = self._step
         chunk.last_time = self._clock()
 
-    def _repin_seconds(self, nbytes: int) -> float:
-        """How long pinning ``nbytes`` again would take (0 for unpinned chunks)."""
-        rate = self._pin_rate
-        if rate is None:
-            if not self.pin or self.pin_seconds <= 0:
-                return 0.0
-            rate = self.pinned_bytes / self.pin_seconds
-        return nbytes / rate
-
     def _idle_chunks(self) -> List[_Chunk]:
         """Chunks nothing is carved from, least recently used first."""
         return sorted((c for c in self._chunks.values() if c.ranges == 0),
@@ -604,8 +596,12 @@ class HostPool:
             raise
         if self.pin:
             self.pin_seconds += time.perf_counter() - t0
-            self.pinned_bytes += length
-        chunk = _Chunk(next(_chunk_ids), buf, self._step, self._clock())
+        now = self._clock()
+        if self._gave_back_use is not None:  # the need end_step gave back came again
+            self.keep_seconds = min(self.max_keep_seconds,
+                                    max(self.keep_seconds, 2 * (now - self._gave_back_use)))
+            self._gave_back_use = None
+        chunk = _Chunk(next(_chunk_ids), buf, self._step, now)
         self._chunks[chunk.id] = chunk
         self._add_free(chunk, 0, length)
         self.reserved += length
