@@ -51,9 +51,12 @@ LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard
                 "swap.planned_count", "swap.reactive_count", "swap.chunked_losses",
                 "swap.profile_exact", "swap.profile_scaled", "swap.forwards_abandoned",
                 "swap.backward_saves", "swap.prefetched", "guard.host_bytes", "host.pin_ms",
-                "host.evictions")
+                "host.evictions", "swap.guard_forward_bytes", "swap.guard_backward_bytes",
+                "swap.plan_base_raises", "swap.plan_raises_undone")
 LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
-              "policy.dev0.forward_end_bytes", "host.in_use_bytes", "host.reserved_bytes")
+              "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
+              "policy.dev0.step_base_bytes", "policy.dev0.base_extra_bytes",
+              "policy.dev0.device_limit_bytes", "host.in_use_bytes", "host.reserved_bytes")
 
 
 # ----------------------------------------------------------------------------- child
@@ -133,7 +136,9 @@ def child(args):
             kind, units = loop.step(i, ctx)
             torch.cuda.synchronize()
             rec = {"i": i, "kind": kind, "units": units, "s": time.perf_counter() - t0,
-                   "timed": i >= args.warmup}
+                   "timed": i >= args.warmup,
+                   "alloc_end": torch.cuda.memory_allocated(),
+                   "reserved_end": torch.cuda.memory_reserved()}
             now = counters()
             rec.update({k: now[k] - before.get(k, 0) for k in now})
             before = now

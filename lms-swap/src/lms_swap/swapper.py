@@ -277,6 +277,8 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                     self._prefetch_reserve(st) if st.largest else None)
                 out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
                 out[f"policy.{tag}.backward_peak_bytes"] = st.bwd_peak
+                out[f"policy.{tag}.step_base_bytes"] = st.step_base
+                out[f"policy.{tag}.base_extra_bytes"] = st.base_extra
             if self._pool is not None:
                 out.update(self._pool.stats())
             g = loaded_guard() if self.config.guard else None
