@@ -190,16 +190,24 @@ def test_profiles_keep_each_shape_and_scale_a_new_one(m):
     assert prof.enter(st, long_) is None          # nothing learned yet: left as it is
     st.plan, st.prev_saved, st.largest, st.k = 8 << 30, 40 << 30, 1 << 30, 3.0
     st.prev_off, st.prev_growth = [1 << 30, 2 << 30], [30 << 30, 20 << 30]
-    assert prof.enter(st, short) == "scaled"      # half the tokens: half the bytes
-    assert (st.plan, st.prev_saved, st.largest, st.k) == (4 << 30, 20 << 30, 512 << 20, 3.0)
+    assert prof.enter(st, short) == "scaled"      # half the tokens: half the bytes,
+    assert (st.prev_saved, st.largest, st.k) == (20 << 30, 512 << 20, 3.0)
+    assert st.plan == 0                           # and 20 GiB fewer saved than 8 swapped
     assert st.prev_off == [512 << 20, 1 << 30] and st.prev_growth == [15 << 30, 10 << 30]
     st.plan = 1 << 30                             # what the short step itself taught
     assert prof.enter(st, long_) == "exact"       # the long step's own lessons, unscaled
     assert (st.plan, st.prev_saved, st.k) == (8 << 30, 40 << 30, 3.0)
     assert prof.enter(st, short) == "exact" and st.plan == 1 << 30
-    assert prof.enter(st, mid) == "scaled"        # nearest by tokens: either neighbour
-    assert st.plan in (int((1 << 30) * 1.5), int((8 << 30) * 0.75))
-    assert (prof.exact, prof.scaled) == (2, 2)
+    st.plan = 3 << 30
+    assert prof.enter(st, mid) == "scaled"        # from the nearest larger shape: 10 GiB
+    assert st.plan == 0 and st.prev_saved == 30 << 30  # fewer saved than the 8 it swapped
+    st.prev_saved = 30 << 30                      # the mid step swapped 3 of its 30 GiB
+    longer = signature(torch.empty(8, 2560, dtype=torch.long))
+    prof.enter(st, long_)
+    st.plan = 12 << 30                            # the long step now swaps 12 of 40 GiB
+    assert prof.enter(st, longer) == "scaled"     # none larger: from the largest below,
+    assert st.plan == 22 << 30                    # plus the 10 GiB more it saves
+    assert (prof.exact, prof.scaled) == (3, 3)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

@@ -9,9 +9,15 @@ under the step's signature: the shape and dtype of the first tensor its forward 
 (a language model's token ids, a vision model's input batch), which is what varies.
 
 A step whose signature was seen before starts from that signature's lessons exactly.  A
-new one starts from the nearest signature's lessons, scaled by the ratio of the two first
-tensors' element counts (activations grow with the tokens or pixels of the batch); its own
-step then teaches it.  Lessons are never carried from one shape to another unscaled.
+new one starts from the lessons of the nearest signature at or above it (below it when
+there is none: a forecast from a larger shape errs towards swapping), scaled by the ratio
+of the two first tensors' element counts (activations grow with the tokens or pixels of
+the batch); its own step then teaches it.  The plan is not scaled but moved by the saved
+bytes the new shape adds or lacks: what must be swapped is what is saved less the room the
+device has, and the room does not scale (on the H100 a decoder at 2.0x whose first step of
+1792 tokens started from the 1536-token plan scaled by 7/6, 33.6 GB, needed 46.3 GB, and the
+net moved 3 GB synchronously).  Its own step then teaches it.  Lessons are never carried
+from one shape to another unscaled.
 
 What a step finds on the device before it saves anything (parameters, optimizer state,
 gradients left from the step before when an evaluation pass with autograd on comes between
@@ -84,13 +90,17 @@ class ShapeProfiles:
             if not self._by_sig:
                 return None
             units = _units(sig)
-            near = min(self._by_sig, key=lambda s: abs(_units(s) - units))
+            above = [s for s in self._by_sig if _units(s) >= units]
+            near = (min(above, key=_units) if above
+                    else max(self._by_sig, key=_units))
             prof = self._by_sig[near]
             ratio = units / max(1, _units(near))
             how = "scaled"
         for f in _SCALED:
             v = prof[f]
             setattr(st, f, None if v is None else int(v * ratio))
+        if how == "scaled" and prof["plan"] is not None and prof["prev_saved"] is not None:
+            st.plan = max(0, int(prof["plan"] + prof["prev_saved"] * (ratio - 1)))
         for f in _SCALED_LISTS:
             setattr(st, f, [int(v * ratio) for v in prof[f]])
         for f in _KEPT:
