@@ -52,11 +52,16 @@ LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard
                 "swap.profile_exact", "swap.profile_scaled", "swap.forwards_abandoned",
                 "swap.backward_saves", "swap.prefetched", "guard.host_bytes", "host.pin_ms",
                 "host.evictions", "swap.guard_forward_bytes", "swap.guard_backward_bytes",
-                "swap.plan_base_raises", "swap.plan_raises_undone")
+                "swap.plan_base_raises", "swap.plan_raises_undone", "swap.throttle_waits",
+                "swap.inflight_bounded", "swap.throttle_wait_ms")
 LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
               "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
               "policy.dev0.step_base_bytes", "policy.dev0.base_extra_bytes",
-              "policy.dev0.device_limit_bytes", "host.in_use_bytes", "host.reserved_bytes")
+              "policy.dev0.device_limit_bytes", "host.in_use_bytes", "host.reserved_bytes",
+              # the allocator when the net last caught an out-of-memory error: short of
+              # memory (allocated near the limit) or of pieces (reserved far above it)
+              "guard.last_oom_request", "guard.last_oom_allocated", "guard.last_oom_reserved",
+              "guard.last_oom_inactive_split")
 
 
 # ----------------------------------------------------------------------------- child
