@@ -244,6 +244,12 @@ def write_table(path, records):
         ups = r.get("units_per_s")
         s1 = stock.get(r["loop"], {}).get("units_per_s")
         err = "" if ok else ": " + str(r.get("error", ""))[:90]
+        if str(r.get("status", "")).startswith("killed"):
+            # the harness's own kill: say when, not the child's last printed line
+            seen = r.get("step_s_seen") or []
+            err = (f" after {len(seen)} iterations" + (f" (the first took {seen[0]:.0f} s)"
+                   if seen else "") + f", {r.get('min_mem_available', 0) / 2**30:.1f} GiB "
+                   "of host memory left")
         return [
             r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
             (str(r.get("status", "?")) + err).replace("|", "/").replace("\n", " "),
