@@ -207,6 +207,19 @@ def add_bound(row, stock_row):
     row["in_gb_per_iter"] = sum(s.get("swap.in_bytes", 0) for s in timed) / max(1, len(timed)) / 1e9
 
 
+def finished_before_cut(r, loop):
+    """The child's own result where the harness's timeout cut it after it printed that
+    result (while the process was exiting): every iteration it was asked for ran, so the
+    run is a result, marked ``cut_after_result``; else ``r`` as it came."""
+    done = [x for x in r.pop("results", None) or [] if x.get("loop") == loop]
+    if not (str(r.get("status", "")).startswith("timeout") and done):
+        return r
+    out = dict(done[-1])
+    out.update({k: r[k] for k in ("wall_s", "min_mem_available", "returncode") if k in r})
+    out["cut_after_result"] = r["status"]
+    return out
+
+
 def machine():
     info = {"host": platform.node(), "python": platform.python_version()}
     try:
@@ -252,7 +265,9 @@ def write_table(path, records):
                    "of host memory left")
         return [
             r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
-            (str(r.get("status", "?")) + err).replace("|", "/").replace("\n", " "),
+            (str(r.get("status", "?")) + err
+             + (" (timeout hit while it exited, after its result)" if r.get("cut_after_result")
+                else "")).replace("|", "/").replace("\n", " "),
             str(r.get("steps_done", "-")),
             f"{ups:.0f} {r.get('unit', '')}" if ok and ups else "-",
             f"{100 * ups / s1:.1f}%" if ok and ups and s1 else "-",
@@ -351,7 +366,7 @@ def main():
                                      "--mode", mode, "--batch", str(batch),
                                      "--steps", str(args.steps), "--warmup", str(args.warmup)],
                                     min(args.timeout, remaining()), guard, log, env)
-                    r.pop("results", None)
+                    r = finished_before_cut(r, name)
                     row.update({k: v for k, v in r.items() if k not in row})
                 if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
                     stock_row = row
