@@ -73,3 +73,35 @@ print(json.dumps({"names": sorted(n for n in dir(m) if not n.startswith("_")),
     assert {"Slot", "arm", "evict", "mark_peak", "peak_growth", "released", "stats",
             "set_host_budget", "evicted_bytes"} <= set(out["names"]), out["names"]
     assert out["armed"] is False and out["evicted"] == 0
+
+
+def test_the_wheel_ships_the_eviction_net_compiled_and_it_loads_without_a_compiler(overlay_build, wheel_venv,
+                                                                                    tmp_path):
+    """The overlay wheel carries the net compiled for itself (torch/cuda/lms_swap/_lms_swap_guard*.so
+    and its record), and the installed build loads it with no compiler, ninja or CUDA headers to
+    be found (PATH=/usr/bin:/bin, where there is no ninja), and compiles nothing (its extensions
+    folder stays empty)."""
+    import zipfile
+
+    res, _ = overlay_build
+    with zipfile.ZipFile(res.wheel) as zf:
+        names = zf.namelist()
+        record = json.loads(zf.read("torch/cuda/lms_swap/_net_build.json"))
+    assert [n for n in names if n.startswith("torch/cuda/lms_swap/_lms_swap_guard.") and n.endswith(".so")]
+    assert record["torch"] == res.version and record["torch_cuda"] == "12.4", record
+    assert record["cuda_headers"].split(".")[0] == "12" and record["cxx11_abi"] is False, record
+    code = r"""
+import json, os
+from torch.cuda import lms_swap
+from torch.cuda.lms_swap import guard, prebuilt
+m = guard._load_net()
+print(json.dumps({"file": m.__file__, "refusal": prebuilt.refusal(prebuilt.record()),
+                  "names": sorted(n for n in dir(m) if not n.startswith("_")),
+                  "armed": m.armed(), "built": os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])}))
+"""
+    env = {"PATH": "/usr/bin:/bin", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    out = run_py(wheel_venv, code, env=env)
+    assert out["file"].startswith(str(wheel_venv.parent.parent)) and "/torch/cuda/lms_swap/" in out["file"], out
+    assert out["refusal"] is None and out["built"] == [], out
+    assert {"Slot", "arm", "evict", "stats", "set_host_budget"} <= set(out["names"]), out["names"]
+    assert out["armed"] is False

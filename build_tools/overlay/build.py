@@ -23,6 +23,7 @@ from ..buildlock import build_lock
 from ..errors import LmsError
 from ..fetch import file_sha256
 from ..tools import find_tool
+from . import net
 from . import platform as plat
 from ..cudahome import cuda_home
 from .facts import WheelFacts, read_facts
@@ -303,6 +304,19 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
                 raise OverlayError(f"rebuilt lib{lib}.so needs libraries the official one does not: {extra_needed}")
             for k, v in required_versions(ship[lib]).items():
                 needs.setdefault(k, set()).update(v)
+        # the eviction net, compiled against this wheel (a source install compiles it at first use)
+        net_members: dict[str, bytes] = {}
+        if net.SOURCE in plan.python_files:
+            if not facts.cuda:
+                raise OverlayError(f"{official.name} states no CUDA version: the net cannot be built for it")
+            net_members = net.compile_net(tree, wt / "torch", official, headers=plan.headers,
+                                          torch_version=local, cuda=facts.cuda, cxx11_abi=facts.cxx11_abi,
+                                          python=python, work=work / "net", progress=progress)
+            for member in net_members:
+                if member.endswith(".so"):
+                    for k, v in required_versions(work / "net" / Path(member).name).items():
+                        needs.setdefault(k, set()).update(v)
+            t0 = mark("compile_net", t0)
         orig_plat = _platform_tag(official.name)
         new_plat, policy = plat.platform_tag_for(orig_plat, {k: sorted(v) for k, v in needs.items()})
         if new_plat != orig_plat:
@@ -345,6 +359,7 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
             replace[f"torch/include/{h}"] = (tree / h).read_bytes()
         for f in plan.python_files:
             replace[f] = (tree / f).read_bytes()
+        replace.update(net_members)
         with zipfile.ZipFile(official) as zf:
             present = set(zf.namelist())
         delete = {f"torch/include/{h}" for h in plan.headers_deleted if f"torch/include/{h}" in present}
@@ -387,6 +402,7 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
             "facts": {k: v for k, v in facts.to_json().items() if k not in ("exports", "consumers")},
             "plan": dataclasses.asdict(plan), "members": changes,
             "abi": {k: r.to_json() for k, r in abi.items()}, "compiler_launcher": launch,
+            "net": json.loads(net_members[f"{net.PACKAGE}/{net.RECORD}"]) if net_members else None,
             "timings_s": timings,
         }
         report["wheel_sha256"] = file_sha256(tmp_wheel)  # which wheel this report describes
