@@ -274,3 +274,18 @@ def test_per_step_traces_are_kept_apart(tmp_path):
         res = r["results"][t["result"]]
         assert (res["model"], res["scale"], res["mode"]) == (t["model"], t["scale"], t["mode"])
         assert "per_step" not in res
+
+
+def test_a_run_cut_after_its_result_keeps_it_and_one_cut_before_does_not(tmp_path):
+    """The loops bench: a child that printed its result and was then cut by the timeout (while
+    exiting) is that result, marked; one cut before printing it stays a timeout."""
+    children, bench = _import("children"), _import("bench_loops")
+    log = open(tmp_path / "log.txt", "w", buffering=1)
+    done = ('echo \'RESULT {"loop": "varlen-decoder", "status": "ok", "steps": [1, 2]}\'; '
+            "exec sleep 60")
+    r = bench.finished_before_cut(children.run_process(["bash", "-c", done], 3, 0, log), "varlen-decoder")
+    assert r["status"] == "ok" and r["steps"] == [1, 2], r
+    assert r["cut_after_result"].startswith("timeout") and "wall_s" in r and "results" not in r
+    cut = bench.finished_before_cut(children.run_process(["bash", "-c", "exec sleep 60"], 3, 0, log),
+                                    "varlen-decoder")
+    assert cut["status"].startswith("timeout") and "cut_after_result" not in cut, cut
