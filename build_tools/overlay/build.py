@@ -310,7 +310,8 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
             if not facts.cuda:
                 raise OverlayError(f"{official.name} states no CUDA version: the net cannot be built for it")
             net_members = net.compile_net(tree, wt / "torch", official, headers=plan.headers,
-                                          torch_version=local, cuda=facts.cuda, cxx11_abi=facts.cxx11_abi,
+                                          torch_version=local, cuda=facts.cuda, cuda_home=home,
+                                          cxx11_abi=facts.cxx11_abi,
                                           python=python, work=work / "net", progress=progress)
             for member in net_members:
                 if member.endswith(".so"):
@@ -402,7 +403,8 @@ def build_overlay(tag: str, tree: os.PathLike, dist_dir: os.PathLike, *, python:
             "facts": {k: v for k, v in facts.to_json().items() if k not in ("exports", "consumers")},
             "plan": dataclasses.asdict(plan), "members": changes,
             "abi": {k: r.to_json() for k, r in abi.items()}, "compiler_launcher": launch,
-            "net": json.loads(net_members[f"{net.PACKAGE}/{net.RECORD}"]) if net_members else None,
+            "net": {"members": sorted(net_members),
+                    "record": json.loads(net_members[f"{net.PACKAGE}/{net.RECORD}"])} if net_members else None,
             "timings_s": timings,
         }
         report["wheel_sha256"] = file_sha256(tmp_wheel)  # which wheel this report describes

@@ -69,24 +69,43 @@ def _interpreter(python: str) -> tuple[str, str, str]:
     return include, suffix, version
 
 
+def unsupported_reason(tree: Path, wheel_torch: Path, headers: list[str]) -> str | None:
+    """Why this wheel's torch cannot host the net, or None: the net learns of every allocation
+    through the caching allocator's trace trackers, which PyTorch 1.x lacks (the rule
+    ``lms_swap.net_toolchain.unsupported_reason`` applies at run time, on the headers the wheel
+    will carry)."""
+    rel = "c10/cuda/CUDACachingAllocator.h"
+    header = tree / rel if rel in headers else wheel_torch / "include" / rel
+    if header.is_file() and "attachAllocatorTraceTracker" in header.read_text(errors="replace"):
+        return None
+    return ("its caching allocator has no trace trackers (attachAllocatorTraceTracker, PyTorch >= 2.1), "
+            "which the eviction net needs")
+
+
 def compile_net(tree: Path, wheel_torch: Path, wheel: Path, *, headers: list[str], torch_version: str,
-                cuda: str, cxx11_abi: int, python: str, work: Path, progress=print) -> dict[str, bytes]:
-    """The members to add to the wheel: ``{PACKAGE}/{MODULE}<suffix>`` and its record.
+                cuda: str, cuda_home: Path, cxx11_abi: int, python: str, work: Path,
+                progress=print) -> dict[str, bytes]:
+    """The members to add to the wheel: ``{PACKAGE}/{MODULE}<suffix>`` and its record; none
+    where the wheel's torch cannot host the net (:func:`unsupported_reason`).
 
     tree: the patched tree (its ``SOURCE`` and the ``headers`` the patch changes, relative to
     ``torch/include``); wheel_torch: the official wheel's ``torch/include`` unpacked (``wheel``: that
-    wheel); torch_version: the overlay wheel's version; cuda: its CUDA (``12.4``)."""
+    wheel); torch_version: the overlay wheel's version; cuda: its CUDA (``12.4``); cuda_home: the
+    CUDA runtime headers of that version that the overlay build compiles c10/cuda with."""
     source = tree / SOURCE
     if not source.is_file():
         raise NetBuildError(f"the patched tree has no {SOURCE}")
+    reason = unsupported_reason(tree, wheel_torch, headers)
+    if reason:
+        progress(f"  no prebuilt eviction net for torch {torch_version}: {reason}; activation swapping "
+                 "runs on its forecast alone there")
+        return {}
     cxx = shutil.which("g++")
     if not cxx:
         raise NetBuildError("g++ not found: the eviction net is C++", hint="apt-get install g++")
-    major = int(cuda.split(".")[0])
-    found = cuda_headers.find(major)
-    if found is None:
-        raise NetBuildError(f"no CUDA {major} runtime headers here (the wheel is built for CUDA {cuda})",
-                            hint="`make setup` installs NVIDIA's header wheels into the virtualenv")
+    found = cuda_headers.CudaHeaders(cuda_home, [cuda_home / "include"], f"the CUDA home {cuda_home}")
+    if not (cuda_home / "include" / "cuda_runtime_api.h").is_file():
+        raise NetBuildError(f"{cuda_home}/include has no cuda_runtime_api.h (the wheel is built for CUDA {cuda})")
     include, suffix, py_version = _interpreter(python)
     over = work / "include"          # the patch's headers over the official ones
     for h in headers:
