@@ -293,6 +293,23 @@ def test_zero_host_limit_means_no_swap_space(m, monkeypatch):
     assert m.ActivationSwapper(device_type="cpu")._host_limits()[0] == 0
 
 
+def test_the_nets_host_full_error_reaches_the_program_as_lms_host_memory_error(m):
+    """The net's out-of-memory error where its host swap space was full is the error of a
+    host limit reached (LMSHostMemoryError, still a torch.OutOfMemoryError) when it leaves
+    the swapped region; its message is kept.  Another out-of-memory error stays as it is."""
+    net_msg = ("CUDA out of memory. Tried to allocate 2.00 GiB.\nLMS activation swapping could "
+               "not make room for this request of 2.00 GiB: " + m.guard.HOST_FULL_WORDS +
+               " (PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB or host_limit sets it).")
+    with pytest.raises(m.LMSHostMemoryError) as ei:
+        with cpu_swapper(m):
+            raise torch.OutOfMemoryError(net_msg)
+    assert net_msg in str(ei.value) and isinstance(ei.value, torch.OutOfMemoryError)
+    with pytest.raises(torch.OutOfMemoryError) as ei:
+        with cpu_swapper(m):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert not isinstance(ei.value, m.LMSHostMemoryError)
+
+
 @pytest.mark.parametrize("value", ["abc", "nan", "inf", "-5", "-1e-3"])
 def test_bad_threshold_env_names_its_variable(m, monkeypatch, value):
     monkeypatch.setenv(m.ENV_THRESHOLD, value)

@@ -27,6 +27,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 GUARD_SOURCE = next((p for p in (os.path.join(_HERE, "lms_swap_guard.cpp"),
                                  os.path.join(os.path.dirname(_HERE), "lms_swap_guard.cpp"))
                      if os.path.isfile(p)), os.path.join(_HERE, "lms_swap_guard.cpp"))
+# The words of the net's out-of-memory message (``Guard::explain`` in lms_swap_guard.cpp)
+# where it could move no more because its host swap space was full: the swapper raises
+# that error again as LMSHostMemoryError, the error of a host limit reached.
+HOST_FULL_WORDS = "its host swap space was full"
 _guard_state: Dict[str, Any] = {}
 _guard_lock = threading.Lock()
 

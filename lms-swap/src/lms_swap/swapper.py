@@ -18,7 +18,7 @@ from .copies import (_CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_by
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
                           _host_total, host_budget_default, host_mem_limit_from_env)
 from .forecast import _StepForecast
-from .guard import arm_guard, load_guard, loaded_guard
+from .guard import HOST_FULL_WORDS, arm_guard, load_guard, loaded_guard
 from .host_pool import HostPool
 from .pinned import _releaser
 from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
@@ -198,6 +198,10 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             _LOSS.exit()
         if isinstance(exc[1], _OutOfMemoryError) and _in_compiled_graph(exc[2]):
             raise _OutOfMemoryError(_COMPILED_OOM + str(exc[1])) from exc[1]
+        if (isinstance(exc[1], _OutOfMemoryError) and not isinstance(exc[1], LMSHostMemoryError)
+                and HOST_FULL_WORDS in str(exc[1])):
+            # the net refused for the host limit: the same error as a planned swap's
+            raise LMSHostMemoryError(str(exc[1])) from exc[1]
 
     def _chunk_loss(self, x: torch.Tensor) -> bool:
         """Whether ``F.cross_entropy`` over ``x`` runs in blocks (:mod:`.chunked_loss`):

@@ -55,6 +55,32 @@ def test_a_first_step_that_needs_2x_stays_under_a_small_host_limit(cuda_only):
     assert 0 < st["guard.host_peak"] <= limit_mb * MiB, st
 
 
+
+@pytest.mark.parametrize("layers,trains", [(16, True), (40, False)], ids=["within", "over"])
+def test_torture_a_first_step_at_2x_under_a_16_gib_host_limit(cuda_only, layers, trains):
+    """A first step that needs twice what fits, under a 16 GiB host limit: with half its
+    saved tensors (8 GiB) within the limit it trains bit for bit; with them over it (20 GiB)
+    it ends in LMSHostMemoryError.  Either way the host memory the process touched (the
+    kernel's resident-set peak) grew by no more than the limit and 1 GiB of the process's
+    own, and the process was not killed."""
+    torch.cuda.empty_cache()
+    limit_mb = 16384
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+               PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB=str(limit_mb))
+    p = subprocess.run([sys.executable, str(HERE / "host_limit_torture.py"), str(layers)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    out = _last_json(p)  # exit status 0: neither a crash nor the kernel's OOM killer
+    print(json.dumps({k: v for k, v in out.items() if k != "error"}))
+    st = out["stats"]
+    assert st["guard.active"] == 1, st
+    assert st["guard.host_peak"] <= limit_mb * MiB, st
+    assert out["rss_added_gib"] <= limit_mb / 1024 + 1, out
+    if trains:
+        assert out["result"] == "trained" and out["bitwise_equal"], out
+    else:
+        assert out["result"] == "LMSHostMemoryError", out
+        assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB" in out["error"], out
+
 PLUGGABLE_C = r"""
 #include <cuda_runtime_api.h>
 #include <sys/types.h>
