@@ -277,6 +277,15 @@ def test_retain_graph_two_backward_passes(lms_swap, cuda_clean):
     assert s["host.in_use_bytes"] == 0
 
 
+def _settle():
+    """Waits for the queued work and has the caching allocator free what it freed only
+    once the copies that used it ended (``record_stream``): it frees those at its next
+    allocation, so without this a count of allocated bytes depends on how far the copies
+    had got (under compute-sanitizer, one step's saved tensors still counted)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def test_exception_mid_forward_leaks_nothing(lms_swap, cuda_clean):
     sw = _swapper(lms_swap, policy="always")
     model = _net()
@@ -294,7 +303,7 @@ def test_exception_mid_forward_leaks_nothing(lms_swap, cuda_clean):
             with sw:
                 bad_forward()
         gc.collect()
-        torch.cuda.synchronize()
+        _settle()
 
     attempt()  # warm-up: workspaces, pinned pool
     dev0 = torch.cuda.memory_allocated()
@@ -332,7 +341,7 @@ def test_exception_in_backward_leaks_nothing(lms_swap, cuda_clean):
             loss.backward()
         del loss
         gc.collect()
-        torch.cuda.synchronize()
+        _settle()
 
     attempt()
     dev0 = torch.cuda.memory_allocated()
