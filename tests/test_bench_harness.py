@@ -76,6 +76,39 @@ def test_stopping_the_parent_ends_the_running_child(tmp_path, sig):
 
 
 
+def test_a_parent_stopped_mid_run_leaves_the_runs_record_of_what_it_did(tmp_path):
+    """An outer timeout stops the loops bench while a configuration runs: the child is
+    ended, and the parent still has the steps it printed, under a status that says it
+    was stopped, to record before it exits with 128 + the signal."""
+    child = tmp_path / "child.py"  # prints a step every 0.1 s until killed
+    child.write_text(textwrap.dedent("""
+        import json, time
+        for i in range(10000):
+            print("STEP " + json.dumps({"i": i, "s": 0.1}), flush=True)
+            time.sleep(0.1)
+    """))
+    out = tmp_path / "record.json"
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path[:0] = [{str(BENCH)!r}]
+        import children
+        children.install_stop_handlers()
+        try:
+            children.run_process([sys.executable, {str(child)!r}], 600, 0, open("/dev/null", "w"))
+        except children.Stopped as e:
+            open({str(out)!r}, "w").write(json.dumps(e.result))
+            raise
+    """))
+    p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
+    time.sleep(3)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM, p.stderr.read().decode()
+    rec = __import__("json").loads(out.read_text())
+    assert rec["status"] == f"stopped with the benchmark (signal {int(signal.SIGTERM)})", rec
+    assert rec["steps_done"] >= 5 and len(rec["step_s_seen"]) == rec["steps_done"], rec
+
+
 def _import(name):
     sys.path[:0] = [str(BENCH), str(BENCH.parent)]
     try:

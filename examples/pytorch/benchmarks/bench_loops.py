@@ -39,7 +39,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))
 
-from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
+from children import Stopped, install_stop_handlers, peak_rss, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
 
@@ -208,11 +208,11 @@ def add_bound(row, stock_row):
 
 
 def finished_before_cut(r, loop):
-    """The child's own result where the harness's timeout cut it after it printed that
-    result (while the process was exiting): every iteration it was asked for ran, so the
+    """The child's own result where the harness's timeout (or a stop of the bench) cut it
+    after it printed that result (while the process was exiting): every iteration it was asked for ran, so the
     run is a result, marked ``cut_after_result``; else ``r`` as it came."""
     done = [x for x in r.pop("results", None) or [] if x.get("loop") == loop]
-    if not (str(r.get("status", "")).startswith("timeout") and done):
+    if not (str(r.get("status", "")).startswith(("timeout", "stopped")) and done):
         return r
     out = dict(done[-1])
     out.update({k: r[k] for k in ("wall_s", "min_mem_available", "returncode") if k in r})
@@ -359,13 +359,17 @@ def main():
                        "base_batch": base, "commit": commit, "machine": mach,
                        "torch": torch.__version__, "command": cmd, "steps_asked": args.steps,
                        "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
+                stop = None
                 if remaining() < 30:
                     row["status"] = "not run (time budget)"
                 else:
-                    r = run_process([sys.executable, __file__, "--child", "--loop", name,
-                                     "--mode", mode, "--batch", str(batch),
-                                     "--steps", str(args.steps), "--warmup", str(args.warmup)],
-                                    min(args.timeout, remaining()), guard, log, env)
+                    try:
+                        r = run_process([sys.executable, __file__, "--child", "--loop", name,
+                                         "--mode", mode, "--batch", str(batch),
+                                         "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                                        min(args.timeout, remaining()), guard, log, env)
+                    except Stopped as e:  # recorded as far as it ran, then the bench stops
+                        r, stop = e.result, e
                     r = finished_before_cut(r, name)
                     row.update({k: v for k, v in r.items() if k not in row})
                 if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
@@ -383,6 +387,8 @@ def main():
                          if mode == "lms" and row.get("status") == "ok" else "")
                       + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
                       flush=True)
+                if stop is not None:
+                    raise stop
     records = [json.loads(x) for x in open(record) if x.strip()]
     write_table(pathlib.Path(args.table), records)
     print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)

@@ -17,6 +17,17 @@ import time
 from typing import Dict, List, Optional
 
 _RUNNING = set()  # process groups of the children now running
+_STOP: List[int] = []  # the signal that told the parent to stop, once one did
+
+
+class Stopped(SystemExit):
+    """The parent was told to stop while a child ran: exits with 128 + the signal, and
+    carries what the child had done (``result``: a status that says so, the steps it
+    printed) for the caller to record before it goes."""
+
+    def __init__(self, signum: int, result: dict) -> None:
+        super().__init__(128 + signum)
+        self.result = result
 
 
 def meminfo(key: str) -> Optional[int]:
@@ -48,13 +59,18 @@ def _end_children(signum, _frame):
     """The parent was told to stop (a timeout around it, Ctrl-C): end the running
     child too.  Each child has its own session, so the signal does not reach it, and
     a child left behind keeps its GPU memory: on the H100 one ran on after its parent
-    was killed and the next configuration died of CUDA OOM with 0.8 GiB of its own."""
-    for pgid in list(_RUNNING):
+    was killed and the next configuration died of CUDA OOM with 0.8 GiB of its own.
+    Where a child was running, the parent's watch over it sees it gone and raises
+    :class:`Stopped` with what it had done (a cut run still leaves its record)."""
+    _STOP.append(signum)
+    running = list(_RUNNING)
+    for pgid in running:
         try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    raise SystemExit(128 + signum)
+    if not running:
+        raise SystemExit(128 + signum)
 
 
 def install_stop_handlers() -> None:
@@ -67,12 +83,17 @@ def run_process(cmd: List[str], timeout: float, guard_bytes: int, log,
     """Runs ``cmd`` in its own session; its output goes to ``log``.  Returns the last
     ``RESULT`` it printed (all of them under ``results``), or a status saying why there
     is none, with ``wall_s``, ``min_mem_available`` and ``returncode``."""
+    if _STOP:  # told to stop between two children: start no other
+        raise SystemExit(128 + _STOP[0])
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True, env=env)
     _RUNNING.add(p.pid)
     try:
-        return _watch(p, t0, timeout, guard_bytes, log)
+        res = _watch(p, t0, timeout, guard_bytes, log)
+        if _STOP:
+            raise Stopped(_STOP[0], res)
+        return res
     finally:
         try:  # the child, and what its session still holds (torchrun's workers)
             os.killpg(p.pid, signal.SIGKILL)
@@ -119,6 +140,8 @@ def _watch(p, t0, timeout, guard_bytes, log) -> dict:
             killed = f"timeout ({timeout}s)"
             os.killpg(p.pid, signal.SIGKILL)
             break
+    if _STOP:
+        killed = f"stopped with the benchmark (signal {_STOP[0]})"
     p.wait()
     th.join(timeout=5)
     wall = time.perf_counter() - t0
