@@ -7,6 +7,9 @@ tests/conftest.py sets GPU_RUN when the session starts.
 """
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 GPU_RUN = False
@@ -18,3 +21,16 @@ def missing(reason: str) -> None:
         pytest.fail(f"{reason} (a GPU run needs it: under -m gpu this is a failure, not a skip)",
                     pytrace=False)
     pytest.skip(reason)
+
+
+def compute_sanitizer(*cuda_homes) -> str:
+    """compute-sanitizer on PATH, else in ``bin/`` of the first of ``cuda_homes`` that has it;
+    :func:`missing` where none does."""
+    found = shutil.which("compute-sanitizer")
+    for home in cuda_homes:
+        cand = os.path.join(str(home), "bin", "compute-sanitizer")
+        if not found and os.path.exists(cand):
+            found = cand
+    if not found:
+        missing("compute-sanitizer not found")
+    return found

@@ -296,7 +296,10 @@ def test_zero_host_limit_means_no_swap_space(m, monkeypatch):
 def test_the_nets_host_full_error_reaches_the_program_as_lms_host_memory_error(m):
     """The net's out-of-memory error where its host swap space was full is the error of a
     host limit reached (LMSHostMemoryError, still a torch.OutOfMemoryError) when it leaves
-    the swapped region; its message is kept.  Another out-of-memory error stays as it is."""
+    the swapped region; its message is kept.  Another out-of-memory error stays as it is.
+    The words the swapper looks for are the net's own (its C++ source says them)."""
+    with open(m.guard.GUARD_SOURCE) as f:
+        assert m.guard.HOST_FULL_WORDS in f.read()
     net_msg = ("CUDA out of memory. Tried to allocate 2.00 GiB.\nLMS activation swapping could "
                "not make room for this request of 2.00 GiB: " + m.guard.HOST_FULL_WORDS +
                " (PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB or host_limit sets it).")

@@ -69,3 +69,19 @@ def test_under_make_conformance_a_missing_tool_fails(tmp_path):
     assert outcomes["test_broken_setup"] == "failed"
     # on a machine without a GPU the gpu test is skipped (allowed); on one it fails on the missing tool
     assert outcomes["test_on_gpu"] in ("skipped", "failed") and ("compute-sanitizer" in out or outcomes["test_on_gpu"] == "skipped")
+
+
+def test_compute_sanitizer_is_found_on_path_or_in_a_cuda_home_else_missing(tmp_path, monkeypatch):
+    import pytest
+    from tests import gpu_requirements
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    tool = home / "bin" / "compute-sanitizer"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert gpu_requirements.compute_sanitizer(tmp_path / "none", home) == str(tool)
+    with pytest.raises(pytest.skip.Exception, match="compute-sanitizer not found"):
+        gpu_requirements.compute_sanitizer(tmp_path / "none")
+    monkeypatch.setenv("PATH", str(home / "bin"))
+    assert gpu_requirements.compute_sanitizer() == str(tool)

@@ -55,7 +55,6 @@ def test_a_first_step_that_needs_2x_stays_under_a_small_host_limit(cuda_only):
     assert 0 < st["guard.host_peak"] <= limit_mb * MiB, st
 
 
-
 @pytest.mark.parametrize("layers,trains", [(16, True), (40, False)], ids=["within", "over"])
 def test_torture_a_first_step_at_2x_under_a_16_gib_host_limit(cuda_only, layers, trains):
     """A first step that needs twice what fits, under a 16 GiB host limit: with half its
@@ -80,6 +79,7 @@ def test_torture_a_first_step_at_2x_under_a_16_gib_host_limit(cuda_only, layers,
     else:
         assert out["result"] == "LMSHostMemoryError", out
         assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB" in out["error"], out
+
 
 PLUGGABLE_C = r"""
 #include <cuda_runtime_api.h>

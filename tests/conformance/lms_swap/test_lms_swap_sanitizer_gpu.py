@@ -8,16 +8,14 @@ machine:  python -m pytest -m gpu tests/conformance/lms_swap/test_lms_swap_sanit
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.gpu_requirements import missing
+from tests.gpu_requirements import compute_sanitizer, missing
 
 pytestmark = pytest.mark.gpu
 HERE = pathlib.Path(__file__).resolve().parent
@@ -52,19 +50,12 @@ RACECHECK = [t for t in UNDER_SANITIZER if t.split("::")[1] in (
     "test_inplace_on_the_base_after_the_saved_view_is_gone_raises_as_stock")]
 
 
-def _sanitizer() -> str:
-    for cand in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer"):
-        if cand and os.path.exists(cand):
-            return cand
-    missing("compute-sanitizer not found (on PATH or in /usr/local/cuda/bin)")
-
-
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_the_suite_under_compute_sanitizer(tool, tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         missing("CUDA not available")
-    san = _sanitizer()
+    san = compute_sanitizer("/usr/local/cuda")
     tests = RACECHECK if tool == "racecheck" else UNDER_SANITIZER
     log = tmp_path / f"{tool}.log"
     cmd = [san, "--tool", tool, "--error-exitcode", "97", "--target-processes", "all",

@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.gpu_requirements import missing
+from tests.gpu_requirements import compute_sanitizer, missing
 
 pytestmark = pytest.mark.gpu
 
@@ -491,9 +490,7 @@ def test_host_pages_made_ahead_match_segments_made_before_lms(work):
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_compute_sanitizer(work, tool):
-    san = shutil.which("compute-sanitizer") or str(work["cuda"] / "bin" / "compute-sanitizer")
-    if not Path(san).exists():
-        missing("compute-sanitizer not found")
+    san = compute_sanitizer(work["cuda"])
     p, r = drive(work, "sanitize", prefix=[san, "--tool", tool, "--error-exitcode", "97",
                                             "--target-processes", "all"], timeout=400, name=f"sanitize_{tool}")
     tail = [l for l in (p.stdout + p.stderr).splitlines() if "ERROR SUMMARY" in l or "RACECHECK SUMMARY" in l]

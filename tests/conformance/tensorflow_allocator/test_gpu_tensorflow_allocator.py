@@ -18,7 +18,6 @@ illegal address (error 700).
 """
 
 import os
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from build_tools.verify.tf_allocator import LMS_TESTS, WRITERS_TEST as WRITERS, gtest_results
-from tests.gpu_requirements import missing
+from tests.gpu_requirements import compute_sanitizer, missing
 
 REPO = Path(__file__).resolve().parents[3]
 BUNDLE = Path(os.environ.get("TF_LMS_ALLOCATOR_BUNDLE", REPO / ".device" / "tf"))
@@ -80,9 +79,7 @@ SANITIZED = ":".join([
 def test_tensorflow_lms_allocator_under_compute_sanitizer(tmp_path, tool):
     if not BINARY.exists():
         missing(f"{BINARY} not built (see the module docstring)")
-    san = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
-    if not Path(san).exists():
-        missing("compute-sanitizer not found")
+    san = compute_sanitizer("/usr/local/cuda")
     xml = tmp_path / "gtest.xml"
     # The sanitizer holds CUPTI, so the launch gate cannot subscribe and LMS would fail closed:
     # these single-launcher tests opt in to moves after a synchronization only (the writers
