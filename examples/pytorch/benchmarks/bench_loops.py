@@ -32,6 +32,8 @@ import json
 import os
 import pathlib
 import platform
+import re
+import subprocess
 import sys
 import time
 
@@ -169,11 +171,32 @@ def child(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def child_search(args):
+def child_fits(args):
     import loops
+    print(f"FITS {int(loops.fits(args.loop, args.fits))}", flush=True)
+
+
+def child_search(args):
+    """Stock's largest batch, each probe in a process of its own (in its process group,
+    which the harness kills on a timeout): an out-of-memory error inside non-reentrant
+    checkpointing left memory held in the process that probed, and every later probe
+    there failed (on the H100 a search for ckpt-some found 4 where 8 trains with
+    nothing moved)."""
     import zoo
     lo, hi = args.search
-    best = zoo.largest_batch(lambda b: loops.fits(args.loop, b), lo, hi)
+
+    def fits(batch):
+        p = subprocess.run([sys.executable, __file__, "--child", "--loop", args.loop,
+                            "--fits", str(batch)], capture_output=True, text=True)
+        m = re.search(r"^FITS ([01])$", p.stdout, re.M)
+        if m is None:
+            raise RuntimeError(f"the probe at batch {batch} gave no answer (exit "
+                               f"{p.returncode}): {p.stderr[-1500:]}")
+        print(f"PROBE {args.loop} batch {batch}: {'fits' if m.group(1) == '1' else 'CUDA OOM'}",
+              flush=True)
+        return m.group(1) == "1"
+
+    best = zoo.largest_batch(fits, lo, hi)
     print("RESULT " + json.dumps({"max_batch": best}), flush=True)
 
 
@@ -291,6 +314,7 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--fits", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--loop", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -314,6 +338,8 @@ def main():
                     help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
     if args.child:
+        if args.fits:
+            return child_fits(args)
         return child_search(args) if args.search else child(args)
     if args.table_only:
         records = [json.loads(x) for x in open(args.record) if x.strip()]

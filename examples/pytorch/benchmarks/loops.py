@@ -43,7 +43,7 @@ VARLEN_CYCLE = (2048, 1024, 1536, 768, 1792, 1280)
 # (lo, hi) of stock's largest batch search: lo fits on an 80 GB card, hi does not
 SEARCH = {
     "ckpt-decoder": (8, 512),
-    "ckpt-some": (4, 256),
+    "ckpt-some": (8, 64),
     "varlen-decoder": (1, 128),
     "vision-lastbatch": (32, 4096),
     "accum4": (8, 2048),
