@@ -322,3 +322,18 @@ def test_a_run_cut_after_its_result_keeps_it_and_one_cut_before_does_not(tmp_pat
     cut = bench.finished_before_cut(children.run_process(["bash", "-c", "exec sleep 60"], 3, 0, log),
                                     "varlen-decoder")
     assert cut["status"].startswith("timeout") and "cut_after_result" not in cut, cut
+
+
+def test_a_loops_row_cut_by_the_timeout_says_how_far_it_ran(tmp_path):
+    """The loops table: a configuration the harness's timeout cut shows the iterations it ran
+    and the last one's time, not the tail of what the child printed."""
+    bench = _import("bench_loops")
+    rec = {"loop": "ckpt-decoder", "scale": 2.0, "batch": 144, "mode": "lms", "commit": "c0ffee0",
+           "machine": {"gpu": "H100"}, "torch": "2.11.0", "command": "python bench_loops.py",
+           "steps_asked": 30, "status": "timeout (285.80765383s)", "steps_done": 28,
+           "error": '043814912, "policy.dev0.backward_peak_bytes": 65666918904',
+           "step_s_seen": [51.9] + [7.5] * 27}
+    bench.write_table(tmp_path / "t.md", [rec])
+    text = (tmp_path / "t.md").read_text()
+    assert "timeout (286 s) after 28 of 30 iterations (the last took 7.5 s)" in text, text
+    assert "policy.dev0" not in text

@@ -279,8 +279,16 @@ def write_table(path, records):
         ok = r.get("status") == "ok"
         ups = r.get("units_per_s")
         s1 = stock.get(r["loop"], {}).get("units_per_s")
+        status = str(r.get("status", "?"))
         err = "" if ok else ": " + str(r.get("error", ""))[:90]
-        if str(r.get("status", "")).startswith("killed"):
+        cut = re.match(r"timeout \(([\d.]+) ?s\)", status)
+        if cut:
+            # the harness's timeout: how far it ran, not the child's last printed line
+            seen = r.get("step_s_seen") or []
+            status = f"timeout ({float(cut.group(1)):.0f} s)"
+            err = (f" after {len(seen)} of {r.get('steps_asked', '?')} iterations"
+                   + (f" (the last took {seen[-1]:.1f} s)" if seen else ""))
+        elif status.startswith("killed"):
             # the harness's own kill: say when, not the child's last printed line
             seen = r.get("step_s_seen") or []
             err = (f" after {len(seen)} iterations" + (f" (the first took {seen[0]:.0f} s)"
@@ -288,7 +296,7 @@ def write_table(path, records):
                    "of host memory left")
         return [
             r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
-            (str(r.get("status", "?")) + err
+            (status + err
              + (" (timeout hit while it exited, after its result)" if r.get("cut_after_result")
                 else "")).replace("|", "/").replace("\n", " "),
             str(r.get("steps_done", "-")),
