@@ -109,6 +109,55 @@ def test_a_parent_stopped_mid_run_leaves_the_runs_record_of_what_it_did(tmp_path
     assert rec["steps_done"] >= 5 and len(rec["step_s_seen"]) == rec["steps_done"], rec
 
 
+def test_a_stopped_parent_records_before_its_child_has_ended(tmp_path):
+    """An outer ``timeout -k`` gives a stopped parent a few seconds before it kills it.  A
+    child whose end takes longer (on the H100 one that had pinned 70 GB of host memory; here
+    one whose output a process outside its group keeps open) must not hold the record back:
+    the parent records what the child printed before it waits for the child's end."""
+    child = tmp_path / "child.py"
+    holder = tmp_path / "holder.pid"
+    child.write_text(textwrap.dedent(f"""
+        import json, os, time
+        if os.fork() == 0:  # leaves the child's process group, keeps its output open
+            os.setsid()
+            open({str(holder)!r}, "w").write(str(os.getpid()))
+            time.sleep(60)
+            os._exit(0)
+        for i in range(10000):
+            print("STEP " + json.dumps({{"i": i, "s": 0.1}}), flush=True)
+            time.sleep(0.1)
+    """))
+    out = tmp_path / "record.json"
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path[:0] = [{str(BENCH)!r}]
+        import children
+        children.install_stop_handlers()
+        children.run_process([sys.executable, {str(child)!r}], 600, 0, open("/dev/null", "w"),
+                             on_result=lambda r: open({str(out)!r}, "w").write(json.dumps(r)))
+    """))
+    p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
+    try:
+        time.sleep(3)
+        p.send_signal(signal.SIGTERM)
+        try:  # as timeout --kill-after=4 would
+            p.wait(timeout=4)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        p.wait()
+        assert out.exists(), p.stderr.read().decode()
+        rec = __import__("json").loads(out.read_text())
+        assert rec["status"] == f"stopped with the benchmark (signal {int(signal.SIGTERM)})", rec
+        assert rec["steps_done"] >= 5, rec
+    finally:
+        if holder.exists():
+            try:
+                os.kill(int(holder.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _import(name):
     sys.path[:0] = [str(BENCH), str(BENCH.parent)]
     try:

@@ -371,6 +371,29 @@ def main():
     def remaining():
         return args.budget - (time.perf_counter() - t_begin)
 
+    def finish(row, r, stock):
+        """Completes one configuration's row from its child's result ``r``, appends it to
+        the record and prints it (run as soon as the result is known: see run_process)."""
+        if r is not None:
+            r = finished_before_cut(r, row["loop"])
+            row.update({k: v for k, v in r.items() if k not in row})
+        if row["mode"] == "stock" and row["scale"] == 1.0 and row.get("status") == "ok":
+            stock = row
+        add_bound(row, stock)
+        with open(record, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        frac, mode = row.get("frac_of_bound"), row["mode"]
+        print(f"{row['loop']:16s} x{row['scale']:<4} b={row['batch']:<5} {mode:11s} "
+              f"{row.get('status')} iters {row.get('steps_done')} "
+              + (f"{row['units_per_s']:.0f} {row.get('unit')} " if row.get("units_per_s") else "")
+              + (f"{100 * frac:.1f}% of bound " if frac and mode != "stock" else "")
+              + (f"net {row.get('net_interventions')}({row.get('net_interventions_all')}) "
+                 f"out/in {row.get('out_gb_per_iter', 0):.1f}/{row.get('in_gb_per_iter', 0):.1f} GB"
+                 if mode == "lms" and row.get("status") == "ok" else "")
+              + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
+              flush=True)
+        return row
+
     for name in args.loops or loops.LOOPS:
         base = given.get(name)
         if not base:
@@ -393,34 +416,24 @@ def main():
                        "base_batch": base, "commit": commit, "machine": mach,
                        "torch": torch.__version__, "command": cmd, "steps_asked": args.steps,
                        "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
-                stop = None
+                stop, done = None, []
                 if remaining() < 30:
                     row["status"] = "not run (time budget)"
+                    finish(row, None, stock_row)
                 else:
                     try:
-                        r = run_process([sys.executable, __file__, "--child", "--loop", name,
-                                         "--mode", mode, "--batch", str(batch),
-                                         "--steps", str(args.steps), "--warmup", str(args.warmup)],
-                                        min(args.timeout, remaining()), guard, log, env)
+                        run_process([sys.executable, __file__, "--child", "--loop", name,
+                                     "--mode", mode, "--batch", str(batch),
+                                     "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                                    min(args.timeout, remaining()), guard, log, env,
+                                    on_result=lambda r, row=row, stock=stock_row:
+                                    done.append(finish(row, r, stock)))
                     except Stopped as e:  # recorded as far as it ran, then the bench stops
-                        r, stop = e.result, e
-                    r = finished_before_cut(r, name)
-                    row.update({k: v for k, v in r.items() if k not in row})
+                        stop = e
+                        if not done:
+                            finish(row, e.result, stock_row)
                 if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
                     stock_row = row
-                add_bound(row, stock_row)
-                with open(record, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                frac = row.get("frac_of_bound")
-                print(f"{name:16s} x{scale:<4} b={batch:<5} {mode:11s} {row.get('status')} "
-                      f"iters {row.get('steps_done')} "
-                      + (f"{row['units_per_s']:.0f} {row.get('unit')} " if row.get("units_per_s") else "")
-                      + (f"{100 * frac:.1f}% of bound " if frac and mode != "stock" else "")
-                      + (f"net {row.get('net_interventions')}({row.get('net_interventions_all')}) "
-                         f"out/in {row.get('out_gb_per_iter', 0):.1f}/{row.get('in_gb_per_iter', 0):.1f} GB"
-                         if mode == "lms" and row.get("status") == "ok" else "")
-                      + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
-                      flush=True)
                 if stop is not None:
                     raise stop
     records = [json.loads(x) for x in open(record) if x.strip()]
