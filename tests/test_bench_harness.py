@@ -37,6 +37,29 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _stepping_child(tmp_path, before=""):
+    """A child that runs ``before``, then prints a step every 0.1 s until killed."""
+    child = tmp_path / "child.py"
+    child.write_text("import json, os, time\n" + textwrap.dedent(before) + textwrap.dedent("""
+        for i in range(10000):
+            print("STEP " + json.dumps({"i": i, "s": 0.1}), flush=True)
+            time.sleep(0.1)
+    """))
+    return child
+
+
+def _parent(tmp_path, body):
+    """A benchmark parent: the harness's children module, its stop handlers, then ``body``."""
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path[:0] = [{str(BENCH)!r}]
+        import children
+        children.install_stop_handlers()
+    """) + textwrap.dedent(body))
+    return parent
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_the_parent_ends_the_running_child(tmp_path, sig):
     pidfile = tmp_path / "child.pid"
@@ -80,26 +103,15 @@ def test_a_parent_stopped_mid_run_leaves_the_runs_record_of_what_it_did(tmp_path
     """An outer timeout stops the loops bench while a configuration runs: the child is
     ended, and the parent still has the steps it printed, under a status that says it
     was stopped, to record before it exits with 128 + the signal."""
-    child = tmp_path / "child.py"  # prints a step every 0.1 s until killed
-    child.write_text(textwrap.dedent("""
-        import json, time
-        for i in range(10000):
-            print("STEP " + json.dumps({"i": i, "s": 0.1}), flush=True)
-            time.sleep(0.1)
-    """))
+    child = _stepping_child(tmp_path)
     out = tmp_path / "record.json"
-    parent = tmp_path / "parent.py"
-    parent.write_text(textwrap.dedent(f"""
-        import json, sys
-        sys.path[:0] = [{str(BENCH)!r}]
-        import children
-        children.install_stop_handlers()
+    parent = _parent(tmp_path, f"""
         try:
             children.run_process([sys.executable, {str(child)!r}], 600, 0, open("/dev/null", "w"))
         except children.Stopped as e:
             open({str(out)!r}, "w").write(json.dumps(e.result))
             raise
-    """))
+    """)
     p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
     time.sleep(3)
     p.send_signal(signal.SIGTERM)
@@ -114,29 +126,19 @@ def test_a_stopped_parent_records_before_its_child_has_ended(tmp_path):
     child whose end takes longer (on the H100 one that had pinned 70 GB of host memory; here
     one whose output a process outside its group keeps open) must not hold the record back:
     the parent records what the child printed before it waits for the child's end."""
-    child = tmp_path / "child.py"
     holder = tmp_path / "holder.pid"
-    child.write_text(textwrap.dedent(f"""
-        import json, os, time
+    child = _stepping_child(tmp_path, f"""
         if os.fork() == 0:  # leaves the child's process group, keeps its output open
             os.setsid()
             open({str(holder)!r}, "w").write(str(os.getpid()))
             time.sleep(60)
             os._exit(0)
-        for i in range(10000):
-            print("STEP " + json.dumps({{"i": i, "s": 0.1}}), flush=True)
-            time.sleep(0.1)
-    """))
+    """)
     out = tmp_path / "record.json"
-    parent = tmp_path / "parent.py"
-    parent.write_text(textwrap.dedent(f"""
-        import json, sys
-        sys.path[:0] = [{str(BENCH)!r}]
-        import children
-        children.install_stop_handlers()
+    parent = _parent(tmp_path, f"""
         children.run_process([sys.executable, {str(child)!r}], 600, 0, open("/dev/null", "w"),
                              on_result=lambda r: open({str(out)!r}, "w").write(json.dumps(r)))
-    """))
+    """)
     p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
     try:
         time.sleep(3)
