@@ -26,11 +26,9 @@ def missing(reason: str) -> None:
 def compute_sanitizer(*cuda_homes) -> str:
     """compute-sanitizer on PATH, else in ``bin/`` of the first of ``cuda_homes`` that has it;
     :func:`missing` where none does."""
-    found = shutil.which("compute-sanitizer")
-    for home in cuda_homes:
-        cand = os.path.join(str(home), "bin", "compute-sanitizer")
-        if not found and os.path.exists(cand):
-            found = cand
+    found = shutil.which("compute-sanitizer") or next(
+        (c for c in (os.path.join(str(h), "bin", "compute-sanitizer") for h in cuda_homes)
+         if os.path.exists(c)), None)
     if not found:
         missing("compute-sanitizer not found")
     return found

@@ -41,7 +41,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))
 
-from children import Stopped, install_stop_handlers, peak_rss, run_process  # noqa: E402
+from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
 
@@ -232,8 +232,9 @@ def add_bound(row, stock_row):
 
 def finished_before_cut(r, loop):
     """The child's own result where the harness's timeout (or a stop of the bench) cut it
-    after it printed that result (while the process was exiting): every iteration it was asked for ran, so the
-    run is a result, marked ``cut_after_result``; else ``r`` as it came."""
+    after it printed that result (while the process was exiting): every iteration it was
+    asked for ran, so the run is a result, marked ``cut_after_result``; else ``r`` as it
+    came."""
     done = [x for x in r.pop("results", None) or [] if x.get("loop") == loop]
     if not (str(r.get("status", "")).startswith(("timeout", "stopped")) and done):
         return r
@@ -281,16 +282,15 @@ def write_table(path, records):
         s1 = stock.get(r["loop"], {}).get("units_per_s")
         status = str(r.get("status", "?"))
         err = "" if ok else ": " + str(r.get("error", ""))[:90]
+        seen = r.get("step_s_seen") or []
         cut = re.match(r"timeout \(([\d.]+) ?s\)", status)
         if cut:
             # the harness's timeout: how far it ran, not the child's last printed line
-            seen = r.get("step_s_seen") or []
             status = f"timeout ({float(cut.group(1)):.0f} s)"
             err = (f" after {len(seen)} of {r.get('steps_asked', '?')} iterations"
                    + (f" (the last took {seen[-1]:.1f} s)" if seen else ""))
         elif status.startswith("killed"):
             # the harness's own kill: say when, not the child's last printed line
-            seen = r.get("step_s_seen") or []
             err = (f" after {len(seen)} iterations" + (f" (the first took {seen[0]:.0f} s)"
                    if seen else "") + f", {r.get('min_mem_available', 0) / 2**30:.1f} GiB "
                    "of host memory left")
@@ -371,15 +371,17 @@ def main():
     def remaining():
         return args.budget - (time.perf_counter() - t_begin)
 
-    def finish(row, r, stock):
+    stock_rows = {}  # loop -> its stock row at 1.0x in this run, the bound's compute term
+
+    def finish(row, r):
         """Completes one configuration's row from its child's result ``r``, appends it to
         the record and prints it (run as soon as the result is known: see run_process)."""
         if r is not None:
             r = finished_before_cut(r, row["loop"])
             row.update({k: v for k, v in r.items() if k not in row})
         if row["mode"] == "stock" and row["scale"] == 1.0 and row.get("status") == "ok":
-            stock = row
-        add_bound(row, stock)
+            stock_rows[row["loop"]] = row
+        add_bound(row, stock_rows.get(row["loop"]))
         with open(record, "a") as f:
             f.write(json.dumps(row) + "\n")
         frac, mode = row.get("frac_of_bound"), row["mode"]
@@ -392,7 +394,6 @@ def main():
                  if mode == "lms" and row.get("status") == "ok" else "")
               + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
               flush=True)
-        return row
 
     for name in args.loops or loops.LOOPS:
         base = given.get(name)
@@ -404,7 +405,7 @@ def main():
             print(f"[{name}] stock's largest batch: {base}", flush=True)
             if not base:
                 continue
-        stock_row = None
+        stock_rows.pop(name, None)
         for scale in args.scales:
             batch = max(1, int(round(base * scale)))
             for mode in args.modes:
@@ -416,26 +417,17 @@ def main():
                        "base_batch": base, "commit": commit, "machine": mach,
                        "torch": torch.__version__, "command": cmd, "steps_asked": args.steps,
                        "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
-                stop, done = None, []
                 if remaining() < 30:
                     row["status"] = "not run (time budget)"
-                    finish(row, None, stock_row)
-                else:
-                    try:
-                        run_process([sys.executable, __file__, "--child", "--loop", name,
-                                     "--mode", mode, "--batch", str(batch),
-                                     "--steps", str(args.steps), "--warmup", str(args.warmup)],
-                                    min(args.timeout, remaining()), guard, log, env,
-                                    on_result=lambda r, row=row, stock=stock_row:
-                                    done.append(finish(row, r, stock)))
-                    except Stopped as e:  # recorded as far as it ran, then the bench stops
-                        stop = e
-                        if not done:
-                            finish(row, e.result, stock_row)
-                if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
-                    stock_row = row
-                if stop is not None:
-                    raise stop
+                    finish(row, None)
+                    continue
+                # run_process hands the result to finish before a stop of the bench
+                # (Stopped) ends it: a cut run is recorded as far as it ran
+                run_process([sys.executable, __file__, "--child", "--loop", name,
+                             "--mode", mode, "--batch", str(batch),
+                             "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                            min(args.timeout, remaining()), guard, log, env,
+                            on_result=lambda r, row=row: finish(row, r))
     records = [json.loads(x) for x in open(record) if x.strip()]
     write_table(pathlib.Path(args.table), records)
     print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
