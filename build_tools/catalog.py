@@ -5,6 +5,7 @@ derived from the repository layout, never listed twice.
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 try:
@@ -168,7 +169,9 @@ def _shared_files(fw: Framework) -> dict[str, Path]:
     patches/shared/; [repo_files] and [folders] take them from folders of this repository outside
     patches/ (the installable activation-swapping package, lms-swap/): a [repo_files] entry places one
     file, a [folders] entry every file of a folder at the same path under the upstream folder, except
-    the files a [repo_files] entry places (each file lands once)."""
+    the files a [repo_files] entry places (each file lands once) and those [left_out] names for that
+    folder ("<folder>" = ["<glob relative to it>", ...]: files of the package the patched build has no
+    use for)."""
     path = patches_dir() / fw.name / "shared.toml"
     if not path.is_file():
         return {}
@@ -178,12 +181,18 @@ def _shared_files(fw: Framework) -> dict[str, Path]:
     except tomllib.TOMLDecodeError as e:
         raise LmsError(f"{path} is not valid TOML: {e}") from None
     tables = {"files": data.get("files", {}), "repo_files": data.get("repo_files", {}),
-              "folders": data.get("folders", {})}
+              "folders": data.get("folders", {}), "left_out": data.get("left_out", {})}
     if set(data) - set(tables) or not all(isinstance(t, dict) for t in tables.values()):
         raise LmsError(f"{path}: expected only a [files] table of \"<upstream path>\" = \"<file under "
                        f"patches/shared/>\" and, for files kept outside patches/, [repo_files] "
                        f"(\"<upstream path>\" = \"<file>\") and [folders] (\"<upstream folder>\" = "
-                       f"\"<folder>\"), both from the repository's root")
+                       f"\"<folder>\"), both from the repository's root, and [left_out] (\"<folder>\" = "
+                       f"[\"<glob>\", ...])")
+    for folder, globs in tables["left_out"].items():
+        if folder not in tables["folders"].values() or not isinstance(globs, list) \
+                or not all(isinstance(g, str) and g for g in globs):
+            raise LmsError(f"{path}: [left_out] {folder!r} = {globs!r}: expected a folder of [folders] "
+                           f"and a list of file name patterns relative to it")
     shared = patches_dir() / "shared"
     root = patches_dir().parent
     out = {}
@@ -203,8 +212,9 @@ def _shared_files(fw: Framework) -> dict[str, Path]:
         if not (root / name).is_dir():
             raise LmsError(f"{path}: folder {dest} maps to {name} (from the repository's root), which is "
                            f"not a folder")
+        left_out = tables["left_out"].get(name, [])
         for rel, src in _tree_files(root / name).items():
-            if src not in singles.values():
+            if src not in singles.values() and not any(fnmatch.fnmatchcase(rel, g) for g in left_out):
                 _place(path, out, f"{dest}/{rel}", src)
     for dest, src in singles.items():
         _place(path, out, dest, src)

@@ -10,6 +10,10 @@ torch.utils.cpp_extension, against the torch of the building interpreter (so: ``
     (the torch it was built against), which ``lms_swap.prebuilt`` checks at import.
 Compiling needs a C++ compiler, the torch headers and the CUDA runtime headers (a toolkit or
 NVIDIA's wheels, found as ``lms_swap.guard`` finds them at run time), not a GPU.
+
+Either way the wheel carries the patched build's LMS core (``lms_swap/allocator_core/``, staged
+from this repository's ``patches/`` by ``lms_swap/allocator_sources.py``), which
+``lms_swap.allocator`` compiles at first use with the pluggable allocator's own sources.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import os
 import sys
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_VERSION = "0.1.0"
@@ -82,7 +87,25 @@ def _net_setup() -> dict:
                 cmdclass={"build_ext": BuildNet.with_options(use_ninja=True)})
 
 
+class BuildPyWithCore(build_py):
+    """build_py, then the LMS core staged into the built package from the checkout around this
+    folder (a source tree without it builds a package whose pluggable allocator says so)."""
+
+    def run(self):
+        super().run()
+        sources = _standalone("allocator_sources")
+        root = os.path.dirname(HERE)
+        if sources.repository_root(os.path.join(HERE, "src", "lms_swap")) is None:
+            print(f"lms-swap: no LMS core in {root}/patches: the wheel's pluggable allocator "
+                  f"will say so", file=sys.stderr)
+            return
+        sources.stage_into_package(root, os.path.join(self.build_lib, "lms_swap"))
+
+
 if _wanted():
-    setup(**_net_setup())
+    options = _net_setup()
+    options["cmdclass"]["build_py"] = BuildPyWithCore
+    setup(**options)
 else:
-    setup(version=BASE_VERSION, install_requires=[TORCH_REQUIREMENT])
+    setup(version=BASE_VERSION, install_requires=[TORCH_REQUIREMENT],
+          cmdclass={"build_py": BuildPyWithCore})

@@ -94,10 +94,13 @@ def test_the_wheel_installs_into_a_fresh_venv_and_swaps_bitwise_on_cpu(tmp_path)
 def test_the_patch_places_the_packages_files_as_torch_cuda_lms_swap():
     """One source, two placements: every file of lms-swap/src/lms_swap/ lands under torch/cuda/lms_swap/
     in the PyTorch trees, except the eviction net's source, which lands next to it, where guard.py looks
-    in a PyTorch tree."""
+    in a PyTorch tree, and the pluggable allocator's files, which a patched build has no use for
+    (patches/pytorch/shared.toml [left_out])."""
     files = catalog.source_map(catalog.framework("pytorch"), "v2.6.0")
     placed = {rel: path for rel, path in files.items() if rel.startswith("torch/cuda/lms_swap")}
-    ours = sorted(p.name for p in SRC.iterdir() if p.is_file() and not p.name.endswith(".pyc"))
+    pluggable = ("allocator.py", "allocator_sources.py")
+    ours = sorted(p.name for p in SRC.iterdir() if p.is_file() and not p.name.endswith(".pyc")
+                  and p.name not in pluggable and not p.name.startswith("lms_pluggable_"))
     assert "lms_swap_guard.cpp" in ours and "__init__.py" in ours
     assert placed == {**{f"torch/cuda/lms_swap/{n}": SRC / n for n in ours if n != "lms_swap_guard.cpp"},
                       "torch/cuda/lms_swap_guard.cpp": SRC / "lms_swap_guard.cpp"}

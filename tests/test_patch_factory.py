@@ -290,6 +290,22 @@ def test_a_folder_outside_patches_lands_under_its_upstream_folder_once(world):
     assert "pkg/src" not in text
 
 
+def test_files_a_folder_leaves_out_stay_out_of_the_tree(world):
+    """[left_out] keeps files of a [folders] folder that the patched build has no use for (the
+    pluggable allocator of the activation-swapping package) out of the tree and the patch."""
+    root = world["patches"].parent
+    write(root, "pkg/src/mod/__init__.py", "X = 1\n")
+    write(root, "pkg/src/mod/allocator.py", "A = 1\n")
+    write(root, "pkg/src/mod/plug_alloc.cpp", "// plug\n")
+    write(root, "pkg/src/mod/sub/plug_x.h", "// kept: the glob is relative to the folder\n")
+    _share(world["patches"], '[folders]\n"torch/cuda/mod" = "pkg/src/mod"\n'
+           '[left_out]\n"pkg/src/mod" = ["allocator.py", "plug_*"]\n')
+    placed = {rel for rel in catalog.source_map(world["fw"], "v2.6.0") if rel.startswith("torch/cuda/mod")}
+    assert placed == {"torch/cuda/mod/__init__.py", "torch/cuda/mod/sub/plug_x.h"}
+    text = export.export(catalog.profile(world["fw"], "v2.6.0"), world["source"]).read_text()
+    assert "allocator.py" not in text and "plug_alloc" not in text
+
+
 @pytest.mark.parametrize("toml,message", [
     ('[folders]\n"torch/cuda/mod" = "pkg/src/nothing"\n', "maps to pkg/src/nothing (from the repository's root), "
      "which is not a folder"),
@@ -297,7 +313,12 @@ def test_a_folder_outside_patches_lands_under_its_upstream_folder_once(world):
     ('[folders]\n"torch/cuda/mod" = "../pkg"\n', "both sides must be relative paths"),
     ('[repo_files]\n"torch/cuda/mod/__init__.py" = "pkg/other.py"\n[folders]\n"torch/cuda/mod" = "pkg/src/mod"\n',
      "torch/cuda/mod/__init__.py is placed twice"),
-], ids=["missing-folder", "missing-file", "path-escapes", "twice"])
+    ('[folders]\n"torch/cuda/mod" = "pkg/src/mod"\n[left_out]\n"pkg/src/other" = ["x.py"]\n',
+     "[left_out] 'pkg/src/other' = ['x.py']: expected a folder of [folders]"),
+    ('[folders]\n"torch/cuda/mod" = "pkg/src/mod"\n[left_out]\n"pkg/src/mod" = "x.py"\n',
+     "and a list of file name patterns relative to it"),
+], ids=["missing-folder", "missing-file", "path-escapes", "twice", "left-out-unknown-folder",
+        "left-out-not-a-list"])
 def test_bad_folder_or_repo_file_is_an_error_naming_it(world, toml, message):
     root = world["patches"].parent
     write(root, "pkg/src/mod/__init__.py", "X = 1\n")

@@ -1,0 +1,188 @@
+"""Allocator-level LMS on stock PyTorch: the patched build's LMS core as a pluggable CUDA
+allocator (``torch.cuda.memory.CUDAPluggableAllocator``), compiled at first use.
+
+Where activation swapping moves what autograd saves, this moves any block: when the GPU is
+full, pages of the least recently allocated blocks go to pinned host memory at the same
+address (kernels then reach them over PCIe) and come back when memory is freed.  Use::
+
+    import lms_swap.allocator
+    lms_swap.allocator.enable()        # before the first CUDA allocation of the process
+    ...                                # train as usual
+    lms_swap.allocator.lms_stats()     # what moved
+
+Limits of the pluggable interface, against the patched build: ``torch.cuda.memory_allocated``
+and the other caching-allocator statistics raise (PyTorch asks them of its native allocator
+only; :func:`memory_stats` gives this allocator's); it must be installed before anything is
+allocated on a GPU; CUDA graphs' private pools and IPC sharing are not served; the eviction
+net of activation swapping stays off under it (it attaches to the native allocator).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import allocator_sources
+from .net_toolchain import cpu_only_reason, cuda_include_dirs, missing_cuda_headers
+
+__all__ = ["enable", "enabled", "memory_stats", "lms_stats", "build", "refusal"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_state: Dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _extension_name() -> str:
+    return "lms_pluggable_allocator_" + torch.__version__.replace(".", "_").replace("+", "_")
+
+
+def refusal() -> Optional[str]:
+    """Why the pluggable allocator cannot be built or used with this torch, or None."""
+    if hasattr(torch.cuda, "set_enabled_lms"):
+        return ("this PyTorch has LMS in its own caching allocator (the patched build): use "
+                "torch.cuda.set_enabled_lms(True) instead")
+    if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
+        return f"torch {torch.__version__} has no pluggable CUDA allocators (PyTorch >= 2.0)"
+    if cpu_only_reason():
+        return (f"torch {torch.__version__} is a CPU-only build: the pluggable allocator is "
+                f"compiled against a CUDA build of torch")
+    return missing_cuda_headers(cuda_include_dirs()) or (
+        None if nvml_include_dirs() else
+        "nvml.h is missing (PyTorch's c10/cuda/driver_api.h includes it): install a CUDA toolkit "
+        "and set CUDA_HOME, or `pip install nvidia-nvml-dev-cu12`")
+
+
+def _build_dir() -> str:
+    from torch.utils.cpp_extension import _get_build_directory
+    return _get_build_directory(_extension_name(), False)
+
+
+def nvml_include_dirs() -> List[str]:
+    """Where ``nvml.h`` is (PyTorch's ``c10/cuda/driver_api.h`` includes it): a CUDA toolkit's
+    headers or NVIDIA's wheels (nvidia-nvml-dev-cu12; CUDA 13's nvidia/cu13)."""
+    found = [d for d in cuda_include_dirs() if os.path.isfile(os.path.join(d, "nvml.h"))]
+    for base in sys.path:
+        for sub in ("nvidia/nvml_dev/include", "nvidia/cu13/include", "nvidia/cu12/include"):
+            d = os.path.join(base, sub)
+            if os.path.isfile(os.path.join(d, "nvml.h")) and d not in found:
+                found.append(d)
+    return found
+
+
+def sources(tree: str) -> List[str]:
+    """The translation units of the library: the allocator's own, then the core's in ``tree``."""
+    own = sorted(f for f in os.listdir(_HERE)
+                 if f.startswith("lms_pluggable_") and f.endswith(".cpp"))
+    return [os.path.join(_HERE, f) for f in own] + allocator_sources.core_sources(tree)
+
+
+def compile_flags(tree: str) -> Tuple[List[str], List[str], List[str]]:
+    """Include paths, compile and link flags of the library (:func:`build` and the compile
+    check of the tests)."""
+    includes = [tree] + cuda_include_dirs() + nvml_include_dirs()
+    # the core's driver code is compiled only where upstream's build defines this
+    cflags = ["-O2", "-DPYTORCH_C10_DRIVER_API_SUPPORTED=1"]
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    ldflags = [f"-l{n}" for n in ("c10_cuda", "torch_cuda")
+               if os.path.isfile(os.path.join(lib, f"lib{n}.so"))]
+    return includes, cflags, ldflags
+
+
+def build(verbose: bool = False) -> Any:
+    """Compiles (once per PyTorch version, cached in ``TORCH_EXTENSIONS_DIR``) and imports
+    the allocator.  Needs a C++ compiler, ninja and the CUDA runtime headers, not a GPU."""
+    from torch.utils import cpp_extension
+    reason = refusal()
+    if reason:
+        raise RuntimeError(f"the LMS pluggable allocator cannot be built: {reason}")
+    folder = _build_dir()
+    tree = allocator_sources.core_tree(_HERE, os.path.join(folder, "core"))
+    includes, cflags, ldflags = compile_flags(tree)
+    return cpp_extension.load(name=_extension_name(), sources=sources(tree),
+                              extra_include_paths=includes, extra_cflags=cflags,
+                              extra_ldflags=ldflags, verbose=verbose)
+
+
+def _module() -> Any:
+    with _lock:
+        if "module" not in _state:
+            t0 = time.monotonic()
+            print("LMS pluggable allocator: compiling it for torch "
+                  f"{torch.__version__} if it is not in {_build_dir()} yet (one to three "
+                  "minutes, once)", file=sys.stderr, flush=True)
+            _state["module"] = build()
+            print(f"LMS pluggable allocator: ready in {time.monotonic() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+        return _state["module"]
+
+
+def enable(settings: Optional[str] = None) -> None:
+    """Makes the LMS allocator PyTorch's CUDA allocator, with LMS on.  Call it before the
+    process allocates anything on a GPU (PyTorch refuses to change allocators after that).
+
+    ``settings``: the allocator LMS settings of the patched build, comma-separated
+    (``"lms_limit_mb:40960,lms_defrag:True"``; the host budget follows
+    ``PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB`` as there).  A bad setting raises ValueError
+    naming it."""
+    with _lock:
+        if _state.get("installed"):
+            if settings:
+                _configure(_state["module"], settings)
+            return
+    mod = _module()
+    if settings:
+        _configure(mod, settings)
+    mod.set_enabled(True)
+    try:
+        mod.install()
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"the LMS pluggable allocator could not be installed: {e}. Call "
+            "lms_swap.allocator.enable() before anything is allocated on a GPU") from e
+    _state["installed"] = True
+
+
+def _configure(mod: Any, settings: str) -> None:
+    try:
+        mod.configure(settings)
+    except RuntimeError as e:
+        raise ValueError(f"lms_swap.allocator settings {settings!r}: {e}") from None
+
+
+def enabled() -> bool:
+    """Whether this process's CUDA allocator is the LMS allocator."""
+    return bool(_state.get("installed"))
+
+
+def memory_stats(device: Optional[int] = None) -> Dict[str, int]:
+    """This allocator's bytes (``torch.cuda.memory_allocated`` does not reach a pluggable
+    allocator): allocated, peak allocated, reserved (segments, on the device or moved to
+    host), cached free, segments and live allocations."""
+    if not enabled():
+        raise RuntimeError("the LMS pluggable allocator is not installed")
+    d = torch.cuda.current_device() if device is None else int(device)
+    s = dict(_state["module"].memory_stats(d))
+    s.pop("lms", None)
+    return s
+
+
+def lms_stats(device: Optional[int] = None) -> Dict[str, Any]:
+    """The LMS counters of the core, as the patched build's ``torch.cuda.lms_stats`` names
+    them (``swap_out_bytes``, ``host_bytes``, ...)."""
+    if not enabled():
+        raise RuntimeError("the LMS pluggable allocator is not installed")
+    d = torch.cuda.current_device() if device is None else int(device)
+    out: Dict[str, Any] = {}
+    for line in _state["module"].memory_stats(d)["lms"].splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            try:
+                out[key.strip()] = int(value)
+            except ValueError:
+                out[key.strip()] = value.strip()
+    return out

@@ -1,0 +1,94 @@
+"""Where the pluggable LMS allocator's C++ comes from: its own file in this package
+(``lms_pluggable_allocator.cpp``) and the patched build's LMS core, compiled unchanged.
+
+The core is kept once, in this repository's ``patches/`` (the patched build's sources).
+A wheel carries a copy of it under ``lms_swap/allocator_core/`` (``lms-swap/setup.py``
+stages it there at build time); an editable install or a checkout reads it from
+``patches/`` itself.  Imports nothing of this package and not torch: ``setup.py`` loads
+this file on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Dict, List, Optional
+
+# path inside the staged tree (as the core's #includes name it) = file of this repository
+CORE_FILES: Dict[str, str] = {
+    "c10/cuda/CUDALargeModelSupport.h": "patches/pytorch/src/c10/cuda/CUDALargeModelSupport.h",
+    "c10/cuda/CUDALargeModelSupport.cpp": "patches/pytorch/src/c10/cuda/CUDALargeModelSupport.cpp",
+    "c10/cuda/impl/LMSAllocatorHooks.h": "patches/pytorch/src/c10/cuda/impl/LMSAllocatorHooks.h",
+    "c10/cuda/impl/LMSDeviceAllocator.h": "patches/pytorch/src/c10/cuda/impl/LMSDeviceAllocator.h",
+    "c10/cuda/impl/LMSDeviceAllocator.cpp":
+        "patches/pytorch/src/c10/cuda/impl/LMSDeviceAllocator.cpp",
+    "c10/cuda/impl/LMSHostBudget.h": "patches/pytorch/src/c10/cuda/impl/LMSHostBudget.h",
+    "c10/cuda/impl/LMSHostPool.cpp": "patches/pytorch/src/c10/cuda/impl/LMSHostPool.cpp",
+    "c10/cuda/impl/LMSLaunchGate.cpp": "patches/pytorch/src/c10/cuda/impl/LMSLaunchGate.cpp",
+    "c10/cuda/impl/LMSPageMoves.h": "patches/pytorch/src/c10/cuda/impl/LMSPageMoves.h",
+    "c10/cuda/impl/LMSPageMoves.cpp": "patches/pytorch/src/c10/cuda/impl/LMSPageMoves.cpp",
+    # the launch gate's CUPTI core, shared with TensorFlow's LMS (patches/pytorch/shared.toml)
+    "c10/cuda/impl/LMSLaunchGateCore.inc": "patches/shared/lms_launch_gate_core.inc",
+    # a stock PyTorch >= 2.4 has the driver entry points the core calls: v2.6.0's header,
+    # which includes upstream's c10/cuda/driver_api.h
+    "c10/cuda/impl/LMSDriverAPI.h": "patches/pytorch/v2.6.0/src/c10/cuda/impl/LMSDriverAPI.h",
+}
+
+# the staged core inside an installed package
+PACKAGED_CORE = "allocator_core"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def repository_root(package_dir: str = _HERE) -> Optional[str]:
+    """The checkout this package lies in (``lms-swap/src/lms_swap`` of it), or None."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(package_dir)))
+    return root if all(os.path.isfile(os.path.join(root, f)) for f in CORE_FILES.values()) \
+        else None
+
+
+def stage(root: str, into: str) -> None:
+    """Copies the core from the checkout at ``root`` into ``into`` at its include paths
+    (files only where they differ, so a rebuild sees unchanged times)."""
+    for inside, source in CORE_FILES.items():
+        src, dst = os.path.join(root, source), os.path.join(into, inside)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(src, "rb") as f:
+            data = f.read()
+        if os.path.isfile(dst):
+            with open(dst, "rb") as f:
+                if f.read() == data:
+                    continue
+        tmp = dst + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dst)
+
+
+def core_tree(package_dir: str = _HERE, scratch: Optional[str] = None) -> str:
+    """A folder holding the core at its include paths: the package's staged copy, else the
+    checkout's files staged into ``scratch``.  Raises FileNotFoundError naming both."""
+    packaged = os.path.join(package_dir, PACKAGED_CORE)
+    if all(os.path.isfile(os.path.join(packaged, f)) for f in CORE_FILES):
+        return packaged
+    root = repository_root(package_dir)
+    if root is None or scratch is None:
+        raise FileNotFoundError(
+            f"the LMS core's sources are neither in {packaged} (a wheel of lms-swap built from "
+            f"this repository has them) nor in a checkout around {package_dir}")
+    stage(root, scratch)
+    return scratch
+
+
+def core_sources(tree: str) -> List[str]:
+    """The core's translation units inside ``tree``."""
+    return [os.path.join(tree, f) for f in CORE_FILES if f.endswith(".cpp")]
+
+
+def stage_into_package(root: str, build_lib_package: str) -> List[str]:
+    """``setup.py``: the core staged into a built package; the files written."""
+    into = os.path.join(build_lib_package, PACKAGED_CORE)
+    if os.path.isdir(into):
+        shutil.rmtree(into)
+    stage(root, into)
+    return [os.path.join(into, f) for f in CORE_FILES]

@@ -1,0 +1,501 @@
+// Large Model Support as a pluggable allocator for stock PyTorch
+// (torch.cuda.memory.CUDAPluggableAllocator): the allocator-level LMS of the
+// patched build, with no rebuild of PyTorch.
+//
+// The LMS logic is not here. It is the patched build's own translation units,
+// compiled into this library unchanged (lms_swap/allocator_sources.py lists
+// them): c10/cuda/CUDALargeModelSupport.cpp (settings, the host budget,
+// statistics, page remaps), impl/LMSDeviceAllocator.cpp (the search order of
+// a malloc with LMS on, returns, the OOM report), impl/LMSPageMoves.cpp (page
+// moves), impl/LMSHostPool.cpp (pinned host pages), impl/LMSLaunchGate.cpp.
+// They reach an allocator only through lms::impl::AllocatorHooks. Here a
+// small caching allocator implements those hooks, as each tag's
+// DeviceCachingAllocator does in the patched build:
+//   Segments    VMM segments whose pages LMS moves (lms_pluggable_segments.h)
+//   FreeBlocks  best fit per stream, split and merged (lms_pluggable_free_blocks.h)
+//   pending     blocks freed while other streams used them, until their events
+//   DeviceLms   the core, which calls back through the hooks below
+// Every entry takes the device's mutex; the core runs under it.
+#include "lms_pluggable_allocator.h"
+
+#include "lms_pluggable_free_blocks.h"
+#include "lms_pluggable_segments.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDALargeModelSupport.h>
+#include <c10/cuda/impl/LMSAllocatorHooks.h>
+#include <c10/cuda/impl/LMSDeviceAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace lms_pluggable {
+
+namespace {
+
+namespace lms = c10::cuda::CUDACachingAllocator::lms;
+
+constexpr size_t kSmallSegment = size_t(2) << 20; // small pool's segment/page
+constexpr size_t kUpstreamLargePage = size_t(20) << 20;
+constexpr size_t kSharedBelow = size_t(10) << 20; // requests sharing a segment
+
+std::string format_bytes(size_t n) {
+  std::ostringstream o;
+  o.precision(2);
+  o << std::fixed;
+  if (n >= (size_t(1) << 30)) {
+    o << static_cast<double>(n) / double(size_t(1) << 30) << " GiB";
+  } else if (n >= (size_t(1) << 20)) {
+    o << static_cast<double>(n) / double(size_t(1) << 20) << " MiB";
+  } else {
+    o << n << " bytes";
+  }
+  return o.str();
+}
+
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+class DeviceAllocator final : public lms::impl::AllocatorHooks {
+ public:
+  explicit DeviceAllocator(int device) : device_(device), segments_(device) {}
+
+  void* malloc(size_t size, cudaStream_t stream) {
+    if (size == 0) {
+      return nullptr;
+    }
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    collect_events(/*wait=*/false);
+    Request req;
+    req.size = round_up(size, kRound);
+    req.stream = stream;
+    req.small = req.size <= kSmallRequest;
+    RequestScope scope(*this, &req);
+    Block* b = free_.take(req.size, stream, req.small);
+    bool ok = serve(req, b != nullptr);
+    if (!ok && !pending_.empty()) {
+      // blocks other streams still used: wait for those streams once
+      collect_events(/*wait=*/true);
+      b = free_.take(req.size, stream, req.small);
+      ok = serve(req, b != nullptr);
+    }
+    if (!ok) {
+      oom(req);
+    }
+    b = b ? b : req.got;
+    b->allocated = true;
+    b->requested = size;
+    b->tick = ++clock_;
+    live_[b->ptr] = b;
+    allocated_ += size;
+    peak_allocated_ = std::max(peak_allocated_, allocated_);
+    return b->ptr;
+  }
+
+  void free(void* ptr) {
+    if (!ptr) {
+      return;
+    }
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    auto it = live_.find(ptr);
+    TORCH_CHECK(
+        it != live_.end(),
+        "LMS pluggable allocator: free of a pointer it did not allocate");
+    Block* b = it->second;
+    live_.erase(it);
+    b->allocated = false;
+    allocated_ -= b->requested;
+    b->requested = 0;
+    const size_t freed = b->size;
+    for (cudaStream_t s : b->uses) {
+      cudaEvent_t ev = take_event();
+      C10_CUDA_CHECK(cudaEventRecord(ev, s));
+      pending_.emplace_back(ev, b);
+      ++b->events;
+    }
+    b->uses.clear();
+    if (b->events == 0) {
+      free_.add(b);
+    }
+    if (lms_.started()) {
+      RequestScope scope(*this, nullptr);
+      lms_.after_free(freed);
+    }
+  }
+
+  bool record_stream(void* ptr, cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) {
+      return false;
+    }
+    Block* b = it->second;
+    if (s != b->stream &&
+        std::find(b->uses.begin(), b->uses.end(), s) == b->uses.end()) {
+      b->uses.push_back(s);
+    }
+    return true;
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    RequestScope scope(*this, nullptr);
+    release_free_segments();
+    lms_.empty_cache();
+  }
+
+  Counters counters() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Counters c;
+    c.allocated = allocated_;
+    c.peak_allocated = peak_allocated_;
+    c.reserved = segments_.mapped_bytes();
+    c.segments = segments_.all().size();
+    c.cached_free = free_.bytes();
+    c.live = live_.size();
+    return c;
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    peak_allocated_ = allocated_;
+  }
+
+  // ---- lms::impl::AllocatorHooks: segments ----
+  size_t page_size(const void* seg) const override {
+    return as_segment(seg)->page;
+  }
+  char* page_ptr(const void* seg, size_t idx) const override {
+    return as_segment(seg)->page_ptr(idx);
+  }
+  bool on_host(const void* seg, size_t idx) const override {
+    return as_segment(seg)->on_host.at(idx);
+  }
+  size_t page_index(const void* seg, const void* p) const override {
+    return as_segment(seg)->page_index(p);
+  }
+  bool new_device_page(void* seg, lms::impl::PageHandle* out) override {
+    CUmemGenericAllocationHandle h = 0;
+    if (!segments_.new_device_handle(as_segment(seg)->page, &h)) {
+      return false;
+    }
+    *out = h;
+    return true;
+  }
+  lms::impl::PageHandle remap(
+      void* seg,
+      size_t idx,
+      lms::impl::PageHandle h,
+      bool host) override {
+    return segments_.remap(as_segment(seg), idx, h, host);
+  }
+
+  // ---- lms::impl::AllocatorHooks: the allocator ----
+  bool capturing() const override {
+    if (!req_) {
+      return false;
+    }
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(req_->stream, &st));
+    return st != cudaStreamCaptureStatusNone;
+  }
+  size_t new_large_page(int device) const override {
+    return lms::large_page_bytes(device, kUpstreamLargePage, /*grow=*/true);
+  }
+  bool alloc_block(bool /*is_retry*/) override {
+    TORCH_INTERNAL_ASSERT(req_, "LMS pluggable allocator: no request");
+    return new_segment(*req_);
+  }
+  // Pages stay mapped inside a segment that holds an allocated block:
+  // releasing free memory releases whole free segments.
+  void release_free_pages() override {
+    release_free_segments();
+  }
+  void release_free_segments() override {
+    collect_events(/*wait=*/true);
+    std::vector<Segment*> idle;
+    for (const auto& s : segments_.all()) {
+      const Block* b = s->first;
+      if (!b->allocated && b->events == 0 && !b->next) {
+        idle.push_back(s.get());
+      }
+    }
+    if (idle.empty()) {
+      return;
+    }
+    // the blocks' last users may still run: nothing is unmapped under them
+    C10_CUDA_CHECK(cudaDeviceSynchronize());
+    for (Segment* s : idle) {
+      free_.remove(s->first);
+      segments_.release(s);
+    }
+  }
+  std::string format_size(size_t bytes) const override {
+    return format_bytes(bytes);
+  }
+  size_t mapped_bytes() const override {
+    return segments_.mapped_bytes();
+  }
+  // Pages under allocated blocks of the large pool, each with the newest
+  // allocation on it. A device page moves only when every allocated block on
+  // it is at least lms::min_swap_size(); no page moves while a block on it
+  // waits for an event. Host pages come back whatever lies on them.
+  std::vector<lms::impl::PageRef> movable_pages(bool host) override {
+    std::vector<lms::impl::PageRef> out;
+    const size_t min_size = lms::min_swap_size();
+    for (const auto& sp : segments_.all()) {
+      Segment* s = sp.get();
+      if (s->small) {
+        continue;
+      }
+      Block* b = s->first;
+      for (size_t i = 0; i < s->handles.size(); ++i) {
+        if (s->on_host[i] != host) {
+          continue;
+        }
+        char* lo = s->page_ptr(i);
+        char* hi = lo + s->page;
+        while (b && b->ptr + b->size <= lo) {
+          b = b->next;
+        }
+        lms::impl::PageRef p;
+        p.seg = s;
+        p.idx = i;
+        bool ok = true;
+        bool any_allocated = false;
+        for (Block* c = b; c && c->ptr < hi; c = c->next) {
+          if (c->events > 0 || (!host && c->allocated && c->size < min_size)) {
+            ok = false;
+            break;
+          }
+          if (c->allocated) {
+            any_allocated = true;
+            p.tick = std::max(p.tick, c->tick);
+          }
+          p.streams.push_back(c->stream);
+          p.streams.insert(p.streams.end(), c->uses.begin(), c->uses.end());
+        }
+        if (ok && (host || any_allocated)) {
+          out.push_back(std::move(p));
+        }
+      }
+    }
+    return out;
+  }
+  size_t busiest_large_page(int device) const override {
+    std::unordered_map<size_t, size_t> bytes_by_page;
+    for (const auto& s : segments_.all()) {
+      for (const Block* b = s->first; b && !s->small; b = b->next) {
+        if (b->allocated) {
+          bytes_by_page[s->page] += b->size;
+        }
+      }
+    }
+    size_t page = new_large_page(device);
+    size_t most = 0;
+    for (const auto& kv : bytes_by_page) {
+      if (kv.second > most) {
+        page = kv.first;
+        most = kv.second;
+      }
+    }
+    return page;
+  }
+  size_t cached_free_bytes() const override {
+    return free_.bytes();
+  }
+
+ private:
+  struct Request {
+    size_t size = 0;
+    cudaStream_t stream = nullptr;
+    bool small = false;
+    Block* got = nullptr; // the block alloc_block made for it
+  };
+
+  // The request being served, for the hooks the core calls back.
+  class RequestScope {
+   public:
+    RequestScope(DeviceAllocator& a, Request* r) : a_(a), prev_(a.req_) {
+      a_.req_ = r;
+    }
+    ~RequestScope() {
+      a_.req_ = prev_;
+    }
+    RequestScope(const RequestScope&) = delete;
+    RequestScope& operator=(const RequestScope&) = delete;
+
+   private:
+    DeviceAllocator& a_;
+    Request* prev_;
+  };
+
+  static Segment* as_segment(const void* seg) {
+    return static_cast<Segment*>(const_cast<void*>(seg));
+  }
+
+  // The segment a request gets when nothing free serves it.
+  size_t segment_size(const Request& r) const {
+    if (r.small) {
+      return kSmallSegment;
+    }
+    const size_t page = new_large_page(device_);
+    return round_up(
+        r.size < kSharedBelow ? std::max(kUpstreamLargePage, r.size) : r.size,
+        page);
+  }
+
+  // With LMS on, the core's search (free list, limit, new pages, releases,
+  // swaps); off, a new segment. `found`: the free list served the request.
+  bool serve(Request& r, bool found) {
+    if (!lms::enabled()) {
+      return found || new_segment(r);
+    }
+    bool refused = false;
+    return lms_.malloc(found, device_, segment_size(r), &refused);
+  }
+
+  bool new_segment(Request& r) {
+    const size_t page = r.small ? kSmallSegment : new_large_page(device_);
+    Block* b = segments_.make(segment_size(r), page, r.small, r.stream);
+    if (!b) {
+      return false;
+    }
+    free_.cut(b, r.size);
+    r.got = b;
+    return true;
+  }
+
+  void collect_events(bool wait) {
+    while (!pending_.empty()) {
+      auto [ev, b] = pending_.front();
+      if (wait) {
+        C10_CUDA_CHECK(cudaEventSynchronize(ev));
+      } else {
+        const cudaError_t st = cudaEventQuery(ev);
+        if (st == cudaErrorNotReady) {
+          (void)cudaGetLastError();
+          return;
+        }
+        C10_CUDA_CHECK(st);
+      }
+      pending_.pop_front();
+      idle_events_.push_back(ev);
+      if (--b->events == 0 && !b->allocated) {
+        free_.add(b);
+      }
+    }
+  }
+
+  cudaEvent_t take_event() {
+    if (!idle_events_.empty()) {
+      cudaEvent_t ev = idle_events_.back();
+      idle_events_.pop_back();
+      return ev;
+    }
+    cudaEvent_t ev = nullptr;
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    return ev;
+  }
+
+  [[noreturn]] void oom(const Request& r) {
+    size_t free_b = 0;
+    size_t total_b = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    std::ostringstream o;
+    o << "CUDA out of memory (LMS pluggable allocator). Tried to allocate "
+      << format_bytes(r.size) << " on GPU " << device_ << " ("
+      << format_bytes(total_b) << " in all, " << format_bytes(free_b)
+      << " free); this allocator holds " << format_bytes(mapped_bytes())
+      << " in segments, " << format_bytes(allocated_) << " allocated, "
+      << format_bytes(free_.bytes()) << " cached and free. ";
+    if (lms::enabled()) {
+      o << lms_.oom_message(r.size);
+    } else {
+      o << "Large Model Support is off.";
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, false, o.str());
+  }
+
+  std::recursive_mutex mu_;
+  const int device_;
+  Segments segments_;
+  FreeBlocks free_;
+  std::unordered_map<void*, Block*> live_;
+  std::deque<std::pair<cudaEvent_t, Block*>> pending_;
+  std::vector<cudaEvent_t> idle_events_; // never destroyed (used at exit)
+  uint64_t clock_ = 0;
+  size_t allocated_ = 0;
+  size_t peak_allocated_ = 0;
+  Request* req_ = nullptr;
+  lms::impl::DeviceLms lms_{*this};
+};
+
+int device_count() {
+  int n = 0;
+  C10_CUDA_CHECK(cudaGetDeviceCount(&n));
+  return n;
+}
+
+// One allocator per GPU, made on first use and never destroyed: frees arrive
+// from tensors that die during interpreter exit.
+DeviceAllocator& device_allocator(int device) {
+  static std::mutex mu;
+  static auto* all = new std::vector<DeviceAllocator*>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (all->empty()) {
+    all->assign(static_cast<size_t>(device_count()), nullptr);
+  }
+  TORCH_CHECK(
+      device >= 0 && static_cast<size_t>(device) < all->size(),
+      "LMS pluggable allocator: no GPU ",
+      device);
+  auto& slot = (*all)[static_cast<size_t>(device)];
+  if (!slot) {
+    slot = new DeviceAllocator(device);
+  }
+  return *slot;
+}
+
+} // namespace
+
+int devices() {
+  return device_count();
+}
+
+void* malloc(int device, size_t size, cudaStream_t stream) {
+  return device_allocator(device).malloc(size, stream);
+}
+
+void free(int device, void* ptr) {
+  device_allocator(device).free(ptr);
+}
+
+bool record_stream(int device, void* ptr, cudaStream_t stream) {
+  return device_allocator(device).record_stream(ptr, stream);
+}
+
+void empty_cache(int device) {
+  device_allocator(device).empty_cache();
+}
+
+Counters counters(int device) {
+  return device_allocator(device).counters();
+}
+
+void reset_peak(int device) {
+  device_allocator(device).reset_peak();
+}
+
+} // namespace lms_pluggable

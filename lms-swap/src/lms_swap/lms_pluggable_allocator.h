@@ -1,0 +1,33 @@
+#pragma once
+// The pluggable LMS allocator, one per GPU (lms_pluggable_allocator.cpp): the
+// calls lms_pluggable_module.cpp connects to PyTorch. Every call takes the
+// device's mutex.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace lms_pluggable {
+
+struct Counters {
+  size_t allocated = 0; // bytes asked for by live allocations
+  size_t peak_allocated = 0;
+  size_t reserved = 0; // bytes of all segments, on the device or on host
+  size_t segments = 0;
+  size_t cached_free = 0;
+  size_t live = 0; // allocations not yet freed
+};
+
+int devices();
+// `size` bytes for use on `stream`; raises c10::OutOfMemoryError (with LMS's
+// report when it is on) where they cannot be had.
+void* malloc(int device, size_t size, cudaStream_t stream);
+void free(int device, void* ptr);
+// false where ptr is not a live allocation of this device
+bool record_stream(int device, void* ptr, cudaStream_t stream);
+// Host pages come back where there is room; segments without an allocated
+// block go back to the driver.
+void empty_cache(int device);
+Counters counters(int device);
+void reset_peak(int device);
+
+} // namespace lms_pluggable

@@ -1,0 +1,104 @@
+// The pluggable LMS allocator's connection to PyTorch: installs it as the
+// CUDA allocator (torch::cuda::CUDAPluggableAllocator, with record_stream and
+// empty_cache connected), the two C entry points of Python's
+// CUDAPluggableAllocator(path, alloc, free) route, and the module
+// lms_swap/allocator.py loads.
+#include "lms_pluggable_allocator.h"
+
+#include <c10/cuda/CUDALargeModelSupport.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/extension.h>
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace lms = c10::cuda::CUDACachingAllocator::lms;
+
+void* alloc_fn(size_t size, int device, cudaStream_t stream) {
+  return lms_pluggable::malloc(device, size, stream);
+}
+
+void free_fn(void* ptr, size_t /*size*/, int device, cudaStream_t /*stream*/) {
+  lms_pluggable::free(device, ptr);
+}
+
+void empty_all() {
+  for (int d = 0; d < lms_pluggable::devices(); ++d) {
+    lms_pluggable::empty_cache(d);
+  }
+}
+
+// Makes this library PyTorch's CUDA allocator. PyTorch refuses once its
+// allocator has served an allocation.
+void install() {
+  using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+  auto a = std::make_shared<CUDAPluggableAllocator>(alloc_fn, free_fn);
+  // the tensor's device need not be the current one
+  a->set_record_stream_fn([](void* ptr, cudaStream_t s) {
+    for (int d = 0; d < lms_pluggable::devices(); ++d) {
+      if (lms_pluggable::record_stream(d, ptr, s)) {
+        return;
+      }
+    }
+  });
+  a->set_reset_fn(empty_all);
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
+}
+
+py::dict memory_stats(int device) {
+  const auto c = lms_pluggable::counters(device);
+  py::dict d;
+  d["allocated_bytes"] = c.allocated;
+  d["peak_allocated_bytes"] = c.peak_allocated;
+  d["reserved_bytes"] = c.reserved;
+  d["segments"] = c.segments;
+  d["cached_free_bytes"] = c.cached_free;
+  d["live_allocations"] = c.live;
+  d["lms"] = lms::stats_text(device);
+  return d;
+}
+
+void configure(const std::string& settings) {
+  std::vector<char> err(512, '\0');
+  TORCH_CHECK(
+      c10_lms_parse_settings(settings.c_str(), err.data(), err.size()) == 0,
+      err.data());
+}
+
+} // namespace
+
+// torch.cuda.memory.CUDAPluggableAllocator(path, "lms_pluggable_malloc",
+// "lms_pluggable_free"), for users who install it themselves (that route
+// connects neither record_stream nor empty_cache).
+extern "C" {
+void* lms_pluggable_malloc(ssize_t size, int device, cudaStream_t stream) {
+  return alloc_fn(static_cast<size_t>(size), device, stream);
+}
+void lms_pluggable_free(
+    void* ptr,
+    ssize_t size,
+    int device,
+    cudaStream_t stream) {
+  free_fn(ptr, static_cast<size_t>(size), device, stream);
+}
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("install", &install);
+  m.def("set_enabled", [](bool on) { lms::set_enabled(on); });
+  m.def("enabled", [] { return lms::enabled(); });
+  m.def("supported", [] { return lms::supported(); });
+  m.def("configure", &configure);
+  m.def("memory_stats", &memory_stats);
+  m.def("reset_peak", [](int device) {
+    lms_pluggable::reset_peak(device);
+    lms::reset_peak(device);
+  });
+  m.def("empty_cache", &empty_all);
+}

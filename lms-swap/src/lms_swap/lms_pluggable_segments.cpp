@@ -1,0 +1,128 @@
+// The pluggable LMS allocator's segments: see lms_pluggable_segments.h.
+#include "lms_pluggable_segments.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDALargeModelSupport.h>
+#include <c10/cuda/impl/LMSDriverAPI.h>
+
+#include <algorithm>
+
+namespace lms_pluggable {
+
+namespace lms = c10::cuda::CUDACachingAllocator::lms;
+using c10::cuda::DriverAPI;
+
+bool Segments::new_device_handle(
+    size_t page,
+    CUmemGenericAllocationHandle* out) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device_;
+  CUresult st = DriverAPI::get()->cuMemCreate_(out, page, &prop, 0);
+  if (st == CUDA_ERROR_OUT_OF_MEMORY) {
+    return false;
+  }
+  C10_CUDA_DRIVER_CHECK(st);
+  return true;
+}
+
+Block* Segments::make(
+    size_t size,
+    size_t page,
+    bool small,
+    cudaStream_t stream) {
+  auto* api = DriverAPI::get();
+  auto seg = std::make_unique<Segment>();
+  seg->small = small;
+  seg->page = page;
+  seg->size = size;
+  const size_t n = size / page;
+  C10_CUDA_DRIVER_CHECK(
+      api->cuMemAddressReserve_(&seg->base, size, page, 0, 0));
+  // undoes what was made (the first `mapped` pages are mapped)
+  auto undo = [&](size_t mapped) {
+    for (size_t i = 0; i < seg->handles.size(); ++i) {
+      if (i < mapped) {
+        (void)api->cuMemUnmap_(seg->base + i * page, page);
+      }
+      (void)api->cuMemRelease_(seg->handles[i]);
+    }
+    (void)api->cuMemAddressFree_(seg->base, size);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    CUmemGenericAllocationHandle h = 0;
+    bool made = false;
+    try {
+      made = new_device_handle(page, &h);
+    } catch (...) {
+      undo(0);
+      throw;
+    }
+    if (!made) {
+      undo(0);
+      return nullptr;
+    }
+    seg->handles.push_back(h);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    CUresult st =
+        api->cuMemMap_(seg->base + i * page, page, 0, seg->handles[i], 0ULL);
+    if (st != CUDA_SUCCESS) {
+      undo(i);
+      C10_CUDA_DRIVER_CHECK(st);
+    }
+  }
+  const int access = lms::set_device_access(seg->base, size, device_);
+  if (access != 0) {
+    undo(n);
+    C10_CUDA_DRIVER_CHECK(static_cast<CUresult>(access));
+  }
+  seg->on_host.assign(n, false);
+  auto* b = new Block();
+  b->ptr = reinterpret_cast<char*>(seg->base);
+  b->size = size;
+  b->stream = stream;
+  b->seg = seg.get();
+  seg->first = b;
+  mapped_ += size;
+  segments_.push_back(std::move(seg));
+  return b;
+}
+
+void Segments::release(Segment* s) {
+  auto* api = DriverAPI::get();
+  for (size_t i = 0; i < s->handles.size(); ++i) {
+    C10_CUDA_DRIVER_CHECK(api->cuMemUnmap_(s->base + i * s->page, s->page));
+    if (s->on_host[i]) {
+      lms::host_page_release(device_, s->page, s->handles[i]);
+      lms::stat_add(device_, lms::kHostBytes, -static_cast<int64_t>(s->page));
+      lms::stat_add(device_, lms::kHostPagesDropped, 1);
+    } else {
+      C10_CUDA_DRIVER_CHECK(api->cuMemRelease_(s->handles[i]));
+    }
+  }
+  C10_CUDA_DRIVER_CHECK(api->cuMemAddressFree_(s->base, s->size));
+  mapped_ -= s->size;
+  delete s->first;
+  segments_.erase(std::find_if(
+      segments_.begin(), segments_.end(), [s](const auto& p) {
+        return p.get() == s;
+      }));
+}
+
+CUmemGenericAllocationHandle Segments::remap(
+    Segment* s,
+    size_t idx,
+    CUmemGenericAllocationHandle h,
+    bool on_host) {
+  CUmemGenericAllocationHandle old = s->handles.at(idx);
+  const int devices[1] = {device_};
+  C10_CUDA_DRIVER_CHECK(static_cast<CUresult>(
+      lms::remap_page(s->base + idx * s->page, s->page, old, h, devices, 1)));
+  s->handles[idx] = h;
+  s->on_host[idx] = on_host;
+  return old;
+}
+
+} // namespace lms_pluggable

@@ -1,0 +1,163 @@
+"""One scenario of the pluggable LMS allocator (lms_swap.allocator) in a process of its own: the
+allocator must be installed before the process allocates anything on the GPU.  Prints one line
+``RESULT <json>``.  Used by test_lms_pluggable_allocator_gpu.py.
+
+    python pluggable_worker.py bytes LIMIT_MIB TOTAL_MIB
+    python pluggable_worker.py foreign LIMIT_MIB
+    python pluggable_worker.py train native|pluggable STEPS [LIMIT_MIB]
+    python pluggable_worker.py host-limit LIMIT_MIB TOTAL_MIB
+    python pluggable_worker.py bad-setting SETTINGS
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from swap_package import put_on_path  # noqa: E402
+
+put_on_path()
+import torch  # noqa: E402
+
+MiB = 1 << 20
+CHUNK = 256 * MiB  # one tensor: several 64 MiB pages
+
+
+def _enable(limit_mib=None):
+    from lms_swap import allocator
+    allocator.enable(f"lms_limit_mb:{limit_mib}" if limit_mib else None)
+    return allocator
+
+
+def _pattern(i, n):
+    # a value for every int32 of tensor i that no other tensor has at that index
+    return torch.arange(n, dtype=torch.int32, device="cuda") * 7 + i * 1_000_003
+
+
+def bytes_intact(limit_mib, total_mib):
+    """Tensors filling total_mib under an LMS limit of limit_mib: every one keeps its bytes,
+    after the others pushed it to host memory, and after frees brought pages back."""
+    alloc = _enable(limit_mib)
+    n = CHUNK // 4
+    ts = []
+    for i in range(total_mib * MiB // CHUNK):
+        t = torch.empty(n, dtype=torch.int32, device="cuda")
+        t.copy_(_pattern(i, n))
+        ts.append(t)
+    torch.cuda.synchronize()
+    bad = [i for i, t in enumerate(ts) if not torch.equal(t, _pattern(i, n))]
+    out = dict(alloc.lms_stats())
+    del ts[::2]  # frees: pages come back as room appears
+    torch.cuda.synchronize()
+    kept = list(range(1, total_mib * MiB // CHUNK, 2))
+    bad_after = [i for i, t in zip(kept, ts) if not torch.equal(t, _pattern(i, n))]
+    after = alloc.lms_stats()
+    return {"tensors": len(kept) * 2, "bad": bad, "bad_after_frees": bad_after,
+            "swap_out_bytes": out.get("swap_out_bytes"), "host_bytes_peak": out.get("host_bytes.peak"),
+            "swap_in_bytes": after.get("swap_in_bytes"), "memory": alloc.memory_stats()}
+
+
+def foreign(limit_mib):
+    """A tensor written by a side stream, still queued behind a long kernel there, while the
+    main stream's allocations push its pages to host memory: the move waits for that stream, and
+    the write lands."""
+    alloc = _enable(limit_mib)
+    n = CHUNK // 4
+    x = torch.zeros(n, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)  # about a second on an H100
+        x.fill_(7)
+    x.record_stream(side)
+    others = [torch.ones(n, dtype=torch.int32, device="cuda") for _ in range(limit_mib * MiB * 2 // CHUNK)]
+    side.synchronize()
+    torch.cuda.synchronize()
+    st = alloc.lms_stats()
+    return {"x_ok": bool((x == 7).all()), "others_ok": all(bool((o == 1).all()) for o in others),
+            "swap_out_bytes": st.get("swap_out_bytes"), "host_bytes": st.get("host_bytes.current")}
+
+
+def train(mode, steps, limit_mib=None):
+    """A small convolutional network, deterministic kernels: losses and final weights bitwise,
+    and the time of the steps after the first."""
+    if mode == "pluggable":
+        alloc = _enable(limit_mib)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+    layers = []
+    c = 3
+    for w in (64, 128, 256, 256):
+        layers += [torch.nn.Conv2d(c, w, 3, padding=1), torch.nn.BatchNorm2d(w), torch.nn.ReLU()]
+        c = w
+    model = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(c, 10)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(64, 3, 128, 128, device="cuda", generator=g)
+    y = torch.randint(0, 10, (64,), device="cuda", generator=g)
+    losses, t0 = [], None
+    for step in range(steps):
+        if step == 1:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.cuda.synchronize()
+    out = {"losses": [float.hex(v) for v in losses],
+           "weights": float.hex(float(sum(p.double().sum() for p in model.parameters()))),
+           "step_s": (time.perf_counter() - t0) / max(1, steps - 1)}
+    if mode == "pluggable":
+        out["lms"] = {k: v for k, v in alloc.lms_stats().items() if k.startswith("swap_")}
+        out["memory"] = alloc.memory_stats()
+    return out
+
+
+def host_limit(limit_mib, total_mib):
+    """More than the device limit and the host budget together: a torch.OutOfMemoryError with
+    LMS's report, not a crash."""
+    alloc = _enable(limit_mib)
+    ts = []
+    try:
+        for _ in range(total_mib * MiB // CHUNK):
+            ts.append(torch.ones(CHUNK // 4, dtype=torch.int32, device="cuda"))
+    except torch.OutOfMemoryError as e:
+        return {"raised": "OutOfMemoryError", "message": str(e), "made": len(ts),
+                "host_bytes": alloc.lms_stats().get("host_bytes.current")}
+    return {"raised": None, "made": len(ts)}
+
+
+def bad_setting(settings):
+    from lms_swap import allocator
+    try:
+        allocator.enable(settings)
+    except ValueError as e:
+        return {"raised": "ValueError", "message": str(e), "installed": allocator.enabled()}
+    return {"raised": None}
+
+
+def main():
+    what, args = sys.argv[1], sys.argv[2:]
+    if what == "bytes":
+        r = bytes_intact(int(args[0]), int(args[1]))
+    elif what == "foreign":
+        r = foreign(int(args[0]))
+    elif what == "train":
+        r = train(args[0], int(args[1]), int(args[2]) if len(args) > 2 else None)
+    elif what == "host-limit":
+        r = host_limit(int(args[0]), int(args[1]))
+    elif what == "bad-setting":
+        r = bad_setting(args[0])
+    else:
+        raise SystemExit(f"unknown scenario {what!r}")
+    print("RESULT " + json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()

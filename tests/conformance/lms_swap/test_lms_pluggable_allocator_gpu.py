@@ -1,0 +1,101 @@
+"""GPU tests of the pluggable LMS allocator (lms_swap.allocator): the patched build's LMS core
+under stock PyTorch, each scenario in a process of its own (pluggable_worker.py), since the
+allocator must be installed before anything is allocated on the GPU.
+
+    python -m pytest -m gpu tests/conformance/lms_swap/test_lms_pluggable_allocator_gpu.py -v
+
+The first test compiles the library (one to three minutes; later processes reuse it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+HERE = pathlib.Path(__file__).resolve().parent
+GiB_MiB = 1024
+
+
+def _run(*args, env=None, timeout=600):
+    p = subprocess.run([sys.executable, str(HERE / "pluggable_worker.py"), *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, **(env or {})))
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, f"rc {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return json.loads(lines[-1][7:])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_and_library():
+    from tests.gpu_requirements import missing
+    if not torch.cuda.is_available():
+        missing("CUDA not available")
+    from tests.conformance.lms_swap.swap_package import put_on_path
+    put_on_path()
+    from lms_swap import allocator
+    reason = allocator.refusal()
+    if reason:
+        missing(f"the LMS pluggable allocator cannot be built here: {reason}")
+    allocator.build()  # compiled once here, so that no scenario's timeout pays for it
+
+
+def test_every_byte_survives_twice_the_limit():
+    """16 GiB of distinct int32 patterns under an LMS limit of 8 GiB: half of them live in host
+    memory at the end, and every tensor reads back its own values, before and after frees."""
+    r = _run("bytes", 8 * GiB_MiB, 16 * GiB_MiB)
+    assert r["bad"] == [] and r["bad_after_frees"] == [], r
+    assert r["swap_out_bytes"] >= 7 * 2**30, r
+    assert r["host_bytes_peak"] >= 7 * 2**30, r
+
+
+def test_a_side_streams_write_lands_while_its_pages_move():
+    """A tensor whose write is queued on a side stream behind a 1 s kernel (record_stream) is
+    pushed to host memory by the main stream's allocations: the move waits for that stream."""
+    r = _run("foreign", 2 * GiB_MiB)
+    assert r["x_ok"] and r["others_ok"], r
+    assert r["swap_out_bytes"] > 0, r
+
+
+def test_training_at_stock_memory_is_bitwise_stocks_and_as_fast():
+    """With nothing to move, a training loop under the LMS allocator gives the native caching
+    allocator's losses and weights bit for bit, at >= 95% of its speed."""
+    native = _run("train", "native", 12)
+    mine = _run("train", "pluggable", 12)
+    assert mine["losses"] == native["losses"] and mine["weights"] == native["weights"]
+    assert mine["lms"]["swap_out_bytes"] == 0, mine
+    assert native["step_s"] / mine["step_s"] >= 0.95, (native["step_s"], mine["step_s"])
+
+
+def test_training_under_a_limit_below_its_peak_is_bitwise_stocks():
+    """The same loop with an LMS limit under its peak: pages move every step, and the losses and
+    weights stay the native allocator's bit for bit."""
+    native = _run("train", "native", 6)
+    probe = _run("train", "pluggable", 2)
+    peak_mib = probe["memory"]["peak_allocated_bytes"] // 2**20
+    limited = _run("train", "pluggable", 6, max(512, peak_mib * 2 // 3))
+    assert limited["losses"] == native["losses"] and limited["weights"] == native["weights"]
+    assert limited["lms"]["swap_out_bytes"] > 0, (peak_mib, limited)
+
+
+def test_past_the_host_budget_it_raises_out_of_memory_with_lms_report():
+    """An LMS limit of 1 GiB and a host budget of 1 GiB, asked for 4 GiB: torch.OutOfMemoryError
+    naming the host limit and how to raise it, after what fitted was moved."""
+    r = _run("host-limit", 1 * GiB_MiB, 4 * GiB_MiB,
+             env={"PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB": "1024"})
+    assert r["raised"] == "OutOfMemoryError", r
+    assert "LMS pluggable allocator" in r["message"], r
+    assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB" in r["message"], r
+    assert r["made"] >= 4, r
+
+
+def test_a_bad_setting_is_refused_naming_it_before_anything_is_installed():
+    r = _run("bad-setting", "lms_limit_mb:lots")
+    assert r["raised"] == "ValueError" and "lms_limit_mb" in r["message"], r
+    assert r["installed"] is False, r

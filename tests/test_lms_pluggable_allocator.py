@@ -1,0 +1,117 @@
+"""The pluggable LMS allocator (lms_swap.allocator) without a GPU: its free lists' logic
+(a C++ driver, tests/lms_pluggable/free_blocks_driver.cpp), every translation unit compiling
+against this torch's headers with the flags the run-time build uses, the core staged from
+patches/ as one copy, and its refusals.  The allocator on a GPU:
+tests/conformance/lms_swap/test_lms_pluggable_allocator_gpu.py."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PKG = ROOT / "lms-swap" / "src" / "lms_swap"
+sys.path.insert(0, str(ROOT / "lms-swap" / "src"))
+
+torch = pytest.importorskip("torch")
+from lms_swap import allocator, allocator_sources  # noqa: E402
+
+CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+
+
+def _headers_or_skip() -> list:
+    from lms_swap.net_toolchain import cuda_include_dirs
+    if not cuda_include_dirs():
+        pytest.skip("no CUDA headers (make setup installs NVIDIA's header wheels)")
+    return cuda_include_dirs()
+
+
+@needs_cxx
+def test_free_blocks_fit_cut_and_merge_per_stream(tmp_path):
+    includes = _headers_or_skip()
+    exe = tmp_path / "driver"
+    subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{PKG}",
+                    *[f"-I{d}" for d in includes],
+                    str(ROOT / "tests" / "lms_pluggable" / "free_blocks_driver.cpp"),
+                    str(PKG / "lms_pluggable_free_blocks.cpp"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    p = subprocess.run([str(exe)], capture_output=True, text=True)
+    lines = p.stdout.splitlines()
+    failed = [x for x in lines if not x.startswith("ok ")]
+    assert p.returncode == 0 and not failed, p.stdout + p.stderr
+    assert len(lines) == 16, lines
+
+
+@needs_cxx
+def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
+    """The allocator's own units and the core's, with the include paths and flags of the
+    run-time build (a CPU-only torch lacks one generated header, which only says how c10_cuda
+    was linked: it is supplied here)."""
+    _headers_or_skip()
+    if not allocator.nvml_include_dirs():
+        pytest.skip("no nvml.h (make setup installs nvidia-nvml-dev-cu12)")
+    from torch.utils import cpp_extension
+    tree = allocator_sources.core_tree(str(PKG), str(tmp_path / "core"))
+    includes, cflags, _ = allocator.compile_flags(tree)
+    stub = tmp_path / "stub"
+    if allocator.cpu_only_reason():
+        (stub / "c10/cuda/impl").mkdir(parents=True)
+        (stub / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    import sysconfig
+    std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10) \
+        else "-std=c++17"
+    flags = [std, "-fsyntax-only", "-Wall", "-Werror", "-Wno-unused-function",
+             "-DTORCH_EXTENSION_NAME=lms_pluggable_check", *cflags,
+             *[f"-I{d}" for d in includes + cpp_extension.include_paths()],
+             f"-I{sysconfig.get_paths()['include']}", f"-I{stub}"]
+    units = allocator.sources(tree)
+    assert [pathlib.Path(u).name for u in units[:4]] == [
+        "lms_pluggable_allocator.cpp", "lms_pluggable_free_blocks.cpp",
+        "lms_pluggable_module.cpp", "lms_pluggable_segments.cpp"]
+    for unit in units:
+        p = subprocess.run([CXX, *flags, unit], capture_output=True, text=True)
+        errors = [x for x in p.stderr.splitlines() if "error" in x or
+                  ("warning" in x and str(PKG) in x) or ("warning" in x and tree in x)]
+        assert p.returncode == 0 and not errors, f"{unit}:\n{p.stderr[-3000:]}"
+
+
+def test_the_core_is_staged_from_patches_byte_for_byte(tmp_path):
+    tree = allocator_sources.core_tree(str(PKG), str(tmp_path / "core"))
+    for inside, source in allocator_sources.CORE_FILES.items():
+        assert (pathlib.Path(tree) / inside).read_bytes() == (ROOT / source).read_bytes(), inside
+    # every translation unit of the patched build's LMS core that needs no Block is compiled
+    units = sorted(pathlib.Path(u).name for u in allocator_sources.core_sources(tree))
+    impl = sorted(p.name for p in (ROOT / "patches/pytorch/src/c10/cuda/impl").glob("*.cpp"))
+    assert units == sorted(impl + ["CUDALargeModelSupport.cpp"])
+
+
+def test_without_a_checkout_or_a_staged_core_it_says_where_it_looked(tmp_path):
+    pkg = tmp_path / "site" / "lms_swap"
+    pkg.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as e:
+        allocator_sources.core_tree(str(pkg), str(tmp_path / "scratch"))
+    assert "allocator_core" in str(e.value) and "checkout" in str(e.value)
+
+
+def test_a_cpu_only_torch_is_refused_with_the_reason():
+    if not allocator.cpu_only_reason():
+        pytest.skip("a CUDA build of torch")
+    reason = allocator.refusal()
+    assert "CPU-only build" in reason and "pluggable allocator" in reason
+    with pytest.raises(RuntimeError, match="cannot be built: .*CPU-only"):
+        allocator.build()
+
+
+def test_the_patched_build_does_not_carry_the_pluggable_allocator():
+    sys.path.insert(0, str(ROOT))
+    from build_tools import catalog
+    placed = catalog.source_map(catalog.framework("pytorch"), "v2.6.0")
+    mine = [rel for rel in placed if "pluggable" in rel or rel.endswith("/allocator.py")
+            or rel.endswith("allocator_sources.py")]
+    assert mine == [], mine
+    assert "torch/cuda/lms_swap/swapper.py" in placed
