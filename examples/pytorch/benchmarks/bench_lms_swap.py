@@ -5,9 +5,11 @@ For each model and each batch (a multiple of the largest batch stock PyTorch fit
 three modes, each in its own subprocess (a crash, a CUDA OOM or the host's OOM killer ends
 only that configuration):
 
-  stock        plain training
-  save_on_cpu  torch.autograd.graph.save_on_cpu(pin_memory=True) around forward
-  lms          lms_swap.swapping() around forward (this repository's layer, default tunables)
+  stock          plain training
+  save_on_cpu    torch.autograd.graph.save_on_cpu(pin_memory=True) around forward
+  lms            lms_swap.swapping() around forward (this repository's layer, default tunables)
+  pluggable      lms_swap.allocator: the allocator LMS as PyTorch's (pluggable) CUDA allocator
+  pluggable+lms  both: the allocator's LMS under the activation layer (--modes only by name)
 
 A host-memory guard in the parent kills a child when the machine's MemAvailable falls
 below --host-guard-gib (what the kernel's OOM killer would otherwise do, maybe to the
@@ -144,11 +146,21 @@ def make_optimizer(model, name):
     return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
 
+# modes that swap (they run at every scale, and get a bound)
+SWAPPING = ("lms", "pluggable", "pluggable+lms")
+
+
 def child(args):
     import torch
 
-    lms = None
-    if args.mode == "lms":
+    lms = alloc = None
+    if args.mode.startswith("pluggable"):
+        # before anything is allocated on the GPU: PyTorch refuses to change allocators after
+        from lms_swap_loader import load_lms_swap
+        load_lms_swap(prefer_patched=False)
+        import lms_swap.allocator as alloc
+        alloc.enable()
+    if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
         kw = {}
@@ -160,7 +172,7 @@ def child(args):
     result = {"model": args.model, "mode": args.mode, "batch": args.batch, "status": "ok"}
 
     def ctx():
-        if args.mode == "stock":
+        if args.mode in ("stock", "pluggable"):
             return contextlib.nullcontext()
         if args.mode == "save_on_cpu":
             return torch.autograd.graph.save_on_cpu(pin_memory=True)
@@ -200,7 +212,7 @@ def child(args):
 
         def record(kind, t0):
             rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),
-                   "peak_alloc": torch.cuda.max_memory_allocated(),
+                   "peak_alloc": peak_allocated(alloc),
                    "rss_hwm": peak_rss()}  # the step in which host memory peaked
             rec.update(policy_counters())
             per_step.append(rec)
@@ -213,11 +225,12 @@ def child(args):
             times.append(("warmup", time.perf_counter() - t_start))
             record("warmup", t0)
         s0 = lms.stats() if lms else None
+        a0 = alloc.lms_stats() if alloc else None
         torch.cuda.synchronize()
         step_times = []
         counters = []  # lms_swap's counters after each timed step, read after its timing
         retries = []  # the caching allocator's retries per timed step (each one stalls)
-        r0 = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        r0 = alloc_retries(alloc)
         t_timed = time.perf_counter()
         while (len(step_times) < args.steps
                or time.perf_counter() - t_timed < args.min_seconds):
@@ -225,7 +238,7 @@ def child(args):
             loss = step()
             torch.cuda.synchronize()
             step_times.append(time.perf_counter() - t0)
-            r1 = torch.cuda.memory_stats().get("num_alloc_retries", 0)  # outside the timing
+            r1 = alloc_retries(alloc)  # outside the timing
             retries.append(r1 - r0)
             r0 = r1
             counters.append(policy_counters())
@@ -245,22 +258,50 @@ def child(args):
             warmup_s=round(times[-1][1], 2) if times else 0,
             loss=float(loss),
         )
+        out_b = in_b = 0.0
         if lms:
-            result["out_bytes_per_step"] = (s1["swap.out_bytes"] - s0["swap.out_bytes"]) / n
-            result["in_bytes_per_step"] = (s1["swap.in_bytes"] - s0["swap.in_bytes"]) / n
+            out_b += (s1["swap.out_bytes"] - s0["swap.out_bytes"]) / n
+            in_b += (s1["swap.in_bytes"] - s0["swap.in_bytes"]) / n
             result["lms_stats"] = {k: v for k, v in s1.items() if v is not None}
+        if alloc:  # the allocator's page moves, beside (or instead of) the layer's copies
+            a1 = alloc.lms_stats()
+            result["alloc_out_bytes_per_step"] = (a1["swap_out_bytes"] - a0["swap_out_bytes"]) / n
+            result["alloc_in_bytes_per_step"] = (a1["swap_in_bytes"] - a0["swap_in_bytes"]) / n
+            out_b += result["alloc_out_bytes_per_step"]
+            in_b += result["alloc_in_bytes_per_step"]
+            result["alloc_lms_stats"] = a1
+        if lms or alloc:
+            result["out_bytes_per_step"], result["in_bytes_per_step"] = out_b, in_b
     except torch.OutOfMemoryError as e:  # includes LMSHostMemoryError
         kind = type(e).__name__
         result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
         result["error"] = str(e).splitlines()[0][:300]
-    ms = torch.cuda.memory_stats()
-    # allocator retries free its cache after synchronizing the device: a stall
-    result["alloc_retries"] = ms.get("num_alloc_retries")
-    result["sync_all_streams"] = ms.get("num_sync_all_streams")
-    result["peak_alloc"] = torch.cuda.max_memory_allocated()
-    result["peak_reserved"] = torch.cuda.max_memory_reserved()
+    if alloc:  # a pluggable allocator has none of the caching allocator's statistics
+        ms = alloc.memory_stats()
+        result["peak_alloc"] = ms["peak_allocated_bytes"]
+        result["peak_reserved"] = ms["reserved_bytes"]
+    else:
+        ms = torch.cuda.memory_stats()
+        # allocator retries free its cache after synchronizing the device: a stall
+        result["alloc_retries"] = ms.get("num_alloc_retries")
+        result["sync_all_streams"] = ms.get("num_sync_all_streams")
+        result["peak_alloc"] = torch.cuda.max_memory_allocated()
+        result["peak_reserved"] = torch.cuda.max_memory_reserved()
     result["peak_host_rss"] = peak_rss()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def peak_allocated(alloc):
+    """The allocator's peak of allocated bytes (the pluggable LMS allocator's own count)."""
+    import torch
+    return alloc.memory_stats()["peak_allocated_bytes"] if alloc else torch.cuda.max_memory_allocated()
+
+
+def alloc_retries(alloc):
+    """The caching allocator's retries so far (each one stalls); 0 under the pluggable one,
+    which has no such retry (its LMS's own search is in its counters)."""
+    import torch
+    return 0 if alloc else torch.cuda.memory_stats().get("num_alloc_retries", 0)
 
 
 # ----------------------------------------------------------------------------- parent
@@ -320,7 +361,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
-    ap.add_argument("--mode", choices=["stock", "save_on_cpu", "lms"])
+    ap.add_argument("--mode", choices=["stock", "save_on_cpu", *SWAPPING])
     ap.add_argument("--batch", type=int)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--models", nargs="+", default=list(zoo.MODELS),
@@ -421,7 +462,7 @@ def main():
         for scale in args.scales:
             batch = max(1, int(round(base * scale)))
             for mode in args.modes:
-                if mode != "lms" and scale not in args.baseline_scales:
+                if mode not in SWAPPING and scale not in args.baseline_scales:
                     continue
                 elapsed = time.perf_counter() - t_begin
                 row = {"model": model, "scale": scale, "batch": batch, "mode": mode}
@@ -449,7 +490,7 @@ def main():
                         dead[mode] = row["status"]
                 if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
                     stock_rate = row["units_per_s"]
-                if mode == "lms" and row.get("status") == "ok":
+                if mode in SWAPPING and row.get("status") == "ok":
                     add_bounds(row, stock_rate, link)
                 results.append(row)
                 print(summary_line(row), flush=True)
