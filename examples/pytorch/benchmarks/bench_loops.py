@@ -11,6 +11,8 @@ every loop, ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for all):
   save_on_cpu  torch.autograd.graph.save_on_cpu(pin_memory=True) around forward
   torchtune    torchtune.training.OffloadActivations() around forward, where it loads
   lms          lms_swap.swapping() around forward (this repository's layer, defaults)
+  pluggable    lms_swap.allocator (the allocator LMS as PyTorch's CUDA allocator), no layer
+  pluggable+lms  both (the allocator's LMS under the layer); --modes runs these by name only
 
 Per timed iteration the child records its time and, for lms, the bytes moved each way and
 the eviction net's interventions.  The bound of an iteration is
@@ -103,13 +105,25 @@ def load_torchtune_offload():
     return mod.OffloadActivations, f"module file alone (package: {first[:120]})"
 
 
+# modes that swap: they run at the scales of --lms-scales, and their rows get a bound
+SWAPPING = ("lms", "pluggable", "pluggable+lms")
+# the allocator LMS's counters (lms_swap.allocator.lms_stats) a step records, as "alloc.<name>"
+ALLOC_COUNTERS = ("swap_out_bytes", "swap_in_bytes", "swap_out_count", "num_ooms")
+
+
 def child(args):
     import torch
     import loops
 
     result = {"loop": args.loop, "mode": args.mode, "batch": args.batch, "status": "ok"}
-    lms = None
-    if args.mode == "lms":
+    lms = alloc = None
+    if args.mode.startswith("pluggable"):
+        # before anything is allocated on the GPU: PyTorch refuses to change allocators after
+        from lms_swap_loader import load_lms_swap
+        load_lms_swap(prefer_patched=False)
+        import lms_swap.allocator as alloc
+        alloc.enable()
+    if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
         ctx = lms.swapping
@@ -125,8 +139,13 @@ def child(args):
 
     def counters():
         # the caching allocator's retries: each released its cache, which waits for
-        # every copy still queued (the loop's compute stands still meanwhile)
-        out = {"alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0))}
+        # every copy still queued (the loop's compute stands still meanwhile); a pluggable
+        # allocator has none (its LMS's moves are its counters)
+        if alloc is not None:
+            st = alloc.lms_stats()
+            out = {f"alloc.{k}": int(st.get(k) or 0) for k in ALLOC_COUNTERS}
+        else:
+            out = {"alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0))}
         if lms is not None:
             st = lms.stats()
             out.update({k: int(st.get(k) or 0) for k in LMS_COUNTERS})
@@ -144,8 +163,7 @@ def child(args):
             torch.cuda.synchronize()
             rec = {"i": i, "kind": kind, "units": units, "s": time.perf_counter() - t0,
                    "timed": i >= args.warmup,
-                   "alloc_end": torch.cuda.memory_allocated(),
-                   "reserved_end": torch.cuda.memory_reserved()}
+                   **memory_now(alloc)}
             now = counters()
             rec.update({k: now[k] - before.get(k, 0) for k in now})
             before = now
@@ -165,10 +183,24 @@ def child(args):
         result["lms_stats"] = {k: v for k, v in lms.stats().items() if v is not None}
     result["steps"] = steps
     result["steps_done"] = len(steps)
-    result["peak_alloc"] = torch.cuda.max_memory_allocated()
-    result["peak_reserved"] = torch.cuda.max_memory_reserved()
+    if alloc is not None:
+        ms = alloc.memory_stats()
+        result["peak_alloc"], result["peak_reserved"] = ms["peak_allocated_bytes"], ms["reserved_bytes"]
+    else:
+        result["peak_alloc"] = torch.cuda.max_memory_allocated()
+        result["peak_reserved"] = torch.cuda.max_memory_reserved()
     result["peak_host_rss"] = peak_rss()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def memory_now(alloc):
+    """Allocated and reserved bytes at an iteration's end, from the pluggable LMS allocator's
+    own statistics where it is PyTorch's allocator (the caching allocator's raise there)."""
+    import torch
+    if alloc is not None:
+        ms = alloc.memory_stats()
+        return {"alloc_end": ms["allocated_bytes"], "reserved_end": ms["reserved_bytes"]}
+    return {"alloc_end": torch.cuda.memory_allocated(), "reserved_end": torch.cuda.memory_reserved()}
 
 
 def child_fits(args):
@@ -211,9 +243,9 @@ def add_bound(row, stock_row):
     total_s = sum(s["s"] for s in timed)
     bound = copy = 0.0
     for s in timed:
-        # every byte the layer moved: its planned copies and the net's synchronous ones
-        c = pcie_step_s(s.get("swap.out_bytes", 0) + s.get("guard.evicted_bytes", 0),
-                        s.get("swap.in_bytes", 0), FACTS_RATES)
+        # every byte moved: the layer's planned copies, the net's synchronous ones, the
+        # allocator LMS's page moves
+        c = pcie_step_s(_out_bytes(s), _in_bytes(s), FACTS_RATES)
         b = base.get(s["i"])
         comp = b["s"] * s["units"] / b["units"] if b else 0.0
         bound += max(comp, c)
@@ -225,9 +257,17 @@ def add_bound(row, stock_row):
     row["copy_s"] = copy
     row["net_interventions"] = sum(s.get("guard.ooms_caught", 0) for s in timed)
     row["net_interventions_all"] = sum(s.get("guard.ooms_caught", 0) for s in row["steps"])
-    row["out_gb_per_iter"] = sum(s.get("swap.out_bytes", 0) + s.get("guard.evicted_bytes", 0)
-                                 for s in timed) / max(1, len(timed)) / 1e9
-    row["in_gb_per_iter"] = sum(s.get("swap.in_bytes", 0) for s in timed) / max(1, len(timed)) / 1e9
+    row["out_gb_per_iter"] = sum(map(_out_bytes, timed)) / max(1, len(timed)) / 1e9
+    row["in_gb_per_iter"] = sum(map(_in_bytes, timed)) / max(1, len(timed)) / 1e9
+
+
+def _out_bytes(s):
+    return (s.get("swap.out_bytes", 0) + s.get("guard.evicted_bytes", 0)
+            + s.get("alloc.swap_out_bytes", 0))
+
+
+def _in_bytes(s):
+    return s.get("swap.in_bytes", 0) + s.get("alloc.swap_in_bytes", 0)
 
 
 def finished_before_cut(r, loop):
@@ -305,7 +345,7 @@ def write_table(path, records):
             (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))
             if ok and r.get("frac_of_bound") and r["mode"] != "stock" else "-",
             f"{r['net_interventions']} ({r['net_interventions_all']})" if ok and r["mode"] == "lms" else "-",
-            f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] == "lms" else "-",
+            f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] in SWAPPING else "-",
             f"{r['peak_alloc'] / GiB:.1f}" if r.get("peak_alloc") else "-",
             f"{r['peak_host_rss'] / GiB:.1f}" if r.get("peak_host_rss") else "-",
         ]
@@ -330,9 +370,10 @@ def main():
     ap.add_argument("--modes", nargs="+", default=["stock", "save_on_cpu", "torchtune", "lms"])
     ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--baseline-scales", type=float, nargs="+", default=[1.0],
-                    help="scales at which the modes other than lms run")
+                    help="scales at which the modes that do not swap run")
     ap.add_argument("--lms-scales", type=float, nargs="+", default=None,
-                    help="the scales lms runs at (default: all of --scales)")
+                    help="the scales the swapping modes (lms, pluggable, pluggable+lms) run at "
+                         "(default: all of --scales)")
     ap.add_argument("--base-batch", action="append", default=[], metavar="LOOP=N",
                     help="stock's largest batch for LOOP, found earlier (default: searched)")
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
@@ -391,7 +432,7 @@ def main():
               + (f"{100 * frac:.1f}% of bound " if frac and mode != "stock" else "")
               + (f"net {row.get('net_interventions')}({row.get('net_interventions_all')}) "
                  f"out/in {row.get('out_gb_per_iter', 0):.1f}/{row.get('in_gb_per_iter', 0):.1f} GB"
-                 if mode == "lms" and row.get("status") == "ok" else "")
+                 if mode in SWAPPING and row.get("status") == "ok" else "")
               + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
               flush=True)
 
@@ -409,9 +450,9 @@ def main():
         for scale in args.scales:
             batch = max(1, int(round(base * scale)))
             for mode in args.modes:
-                if mode != "lms" and scale not in args.baseline_scales:
+                if mode not in SWAPPING and scale not in args.baseline_scales:
                     continue
-                if mode == "lms" and args.lms_scales and scale not in args.lms_scales:
+                if mode in SWAPPING and args.lms_scales and scale not in args.lms_scales:
                     continue
                 row = {"loop": name, "scale": scale, "batch": batch, "mode": mode,
                        "base_batch": base, "commit": commit, "machine": mach,
