@@ -81,12 +81,12 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     req.small = req.size <= kSmallRequest;
     RequestScope scope(*this, &req);
     Block* b = free_.take(req.size, stream, req.small);
-    bool ok = serve(req, b != nullptr);
+    bool ok = serve(req, b);
     if (!ok && !pending_.empty()) {
       // blocks other streams still used: wait for those streams once
       collect_events(/*wait=*/true);
       b = free_.take(req.size, stream, req.small);
-      ok = serve(req, b != nullptr);
+      ok = serve(req, b);
     }
     if (!ok) {
       oom(req);
@@ -357,13 +357,21 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   }
 
   // With LMS on, the core's search (free list, limit, new pages, releases,
-  // swaps); off, a new segment. `found`: the free list served the request.
-  bool serve(Request& r, bool found) {
-    if (!lms::enabled()) {
-      return found || new_segment(r);
+  // swaps); off, a new segment. `found`: what the free list served, if
+  // anything (back on it where the search throws).
+  bool serve(Request& r, Block* found) {
+    try {
+      if (!lms::enabled()) {
+        return found || new_segment(r);
+      }
+      bool refused = false;
+      return lms_.malloc(found != nullptr, device_, segment_size(r), &refused);
+    } catch (...) {
+      if (found) {
+        free_.add(found);
+      }
+      throw;
     }
-    bool refused = false;
-    return lms_.malloc(found, device_, segment_size(r), &refused);
   }
 
   bool new_segment(Request& r) {
@@ -448,9 +456,11 @@ int device_count() {
   return n;
 }
 
-// One allocator per GPU, made on first use and never destroyed: frees arrive
-// from tensors that die during interpreter exit.
-DeviceAllocator& device_allocator(int device) {
+// One allocator per GPU, made on its first allocation and never destroyed:
+// frees arrive from tensors that die during interpreter exit. `make` false:
+// nullptr for a GPU this process never allocated on (nothing to ask of it,
+// and no CUDA context made there by asking).
+DeviceAllocator* device_allocator(int device, bool make) {
   static std::mutex mu;
   static auto* all = new std::vector<DeviceAllocator*>();
   std::lock_guard<std::mutex> lock(mu);
@@ -462,10 +472,10 @@ DeviceAllocator& device_allocator(int device) {
       "LMS pluggable allocator: no GPU ",
       device);
   auto& slot = (*all)[static_cast<size_t>(device)];
-  if (!slot) {
+  if (!slot && make) {
     slot = new DeviceAllocator(device);
   }
-  return *slot;
+  return slot;
 }
 
 } // namespace
@@ -475,27 +485,41 @@ int devices() {
 }
 
 void* malloc(int device, size_t size, cudaStream_t stream) {
-  return device_allocator(device).malloc(size, stream);
+  return device_allocator(device, true)->malloc(size, stream);
 }
 
 void free(int device, void* ptr) {
-  device_allocator(device).free(ptr);
+  DeviceAllocator* a = device_allocator(device, false);
+  TORCH_CHECK(
+      a || !ptr,
+      "LMS pluggable allocator: free on GPU ",
+      device,
+      ", where it allocated nothing");
+  if (a) {
+    a->free(ptr);
+  }
 }
 
 bool record_stream(int device, void* ptr, cudaStream_t stream) {
-  return device_allocator(device).record_stream(ptr, stream);
+  DeviceAllocator* a = device_allocator(device, false);
+  return a && a->record_stream(ptr, stream);
 }
 
 void empty_cache(int device) {
-  device_allocator(device).empty_cache();
+  if (DeviceAllocator* a = device_allocator(device, false)) {
+    a->empty_cache();
+  }
 }
 
 Counters counters(int device) {
-  return device_allocator(device).counters();
+  DeviceAllocator* a = device_allocator(device, false);
+  return a ? a->counters() : Counters{};
 }
 
 void reset_peak(int device) {
-  device_allocator(device).reset_peak();
+  if (DeviceAllocator* a = device_allocator(device, false)) {
+    a->reset_peak();
+  }
 }
 
 } // namespace lms_pluggable

@@ -17,6 +17,8 @@ struct Counters {
   size_t live = 0; // allocations not yet freed
 };
 
+// Every call but malloc leaves a GPU alone that this process never allocated
+// on (no CUDA context is made there by asking).
 int devices();
 // `size` bytes for use on `stream`; raises c10::OutOfMemoryError (with LMS's
 // report when it is on) where they cannot be had.
