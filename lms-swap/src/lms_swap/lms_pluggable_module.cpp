@@ -1,16 +1,16 @@
-// The pluggable LMS allocator's connection to PyTorch: installs it as the
-// CUDA allocator (torch::cuda::CUDAPluggableAllocator, with record_stream and
-// empty_cache connected), the two C entry points of Python's
-// CUDAPluggableAllocator(path, alloc, free) route, and the module
-// lms_swap/allocator.py loads.
+// The pluggable LMS allocator's connection to PyTorch: the module
+// lms_swap/allocator.py loads, which installs it as the CUDA allocator
+// (torch::cuda::CUDAPluggableAllocator, made here rather than through Python's
+// CUDAPluggableAllocator(path, alloc, free), which connects neither
+// record_stream nor empty_cache).
 #include "lms_pluggable_allocator.h"
 
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDALargeModelSupport.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
-
-#include <sys/types.h>
 
 #include <memory>
 #include <string>
@@ -34,8 +34,9 @@ void empty_all() {
   }
 }
 
-// Makes this library PyTorch's CUDA allocator. PyTorch refuses once its
-// allocator has served an allocation.
+// Makes this library PyTorch's CUDA allocator, with record_stream,
+// empty_cache and the per-process memory fraction connected. PyTorch refuses
+// once its allocator has served an allocation.
 void install() {
   using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
   auto a = std::make_shared<CUDAPluggableAllocator>(alloc_fn, free_fn);
@@ -48,6 +49,21 @@ void install() {
     }
   });
   a->set_reset_fn(empty_all);
+  // torch.cuda.set_per_process_memory_fraction: where the native allocator
+  // would fail, LMS moves pages instead (the LMS limit, one for the process)
+  a->set_memory_fraction_fn([](double fraction, int device) {
+    TORCH_CHECK(
+        fraction > 0.0 && fraction <= 1.0,
+        "set_per_process_memory_fraction: ",
+        fraction,
+        " is not in (0, 1]");
+    size_t free_b = 0;
+    size_t total_b = 0;
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    lms::set_limit(
+        fraction < 1.0 ? static_cast<size_t>(fraction * double(total_b)) : 0);
+  });
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
 }
 
@@ -72,22 +88,6 @@ void configure(const std::string& settings) {
 }
 
 } // namespace
-
-// torch.cuda.memory.CUDAPluggableAllocator(path, "lms_pluggable_malloc",
-// "lms_pluggable_free"), for users who install it themselves (that route
-// connects neither record_stream nor empty_cache).
-extern "C" {
-void* lms_pluggable_malloc(ssize_t size, int device, cudaStream_t stream) {
-  return alloc_fn(static_cast<size_t>(size), device, stream);
-}
-void lms_pluggable_free(
-    void* ptr,
-    ssize_t size,
-    int device,
-    cudaStream_t stream) {
-  free_fn(ptr, static_cast<size_t>(size), device, stream);
-}
-}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install);

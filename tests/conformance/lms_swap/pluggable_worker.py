@@ -7,6 +7,7 @@ allocator must be installed before the process allocates anything on the GPU.  P
     python pluggable_worker.py train native|pluggable STEPS [LIMIT_MIB]
     python pluggable_worker.py host-limit LIMIT_MIB TOTAL_MIB
     python pluggable_worker.py bad-setting SETTINGS
+    python pluggable_worker.py fraction FRACTION
 """
 from __future__ import annotations
 
@@ -133,6 +134,26 @@ def host_limit(limit_mib, total_mib):
     return {"raised": None, "made": len(ts)}
 
 
+def fraction(frac):
+    """torch.cuda.set_per_process_memory_fraction under the LMS allocator: past the fraction,
+    pages move to host memory instead of the allocation failing, and every byte stays."""
+    alloc = _enable()
+    torch.cuda.set_per_process_memory_fraction(frac)
+    total = torch.cuda.get_device_properties(0).total_memory
+    n = CHUNK // 4
+    count = int(2 * frac * total) // CHUNK
+    ts = []
+    for i in range(count):
+        t = torch.empty(n, dtype=torch.int32, device="cuda")
+        t.copy_(_pattern(i, n))
+        ts.append(t)
+    torch.cuda.synchronize()
+    bad = [i for i, t in enumerate(ts) if not torch.equal(t, _pattern(i, n))]
+    st = alloc.lms_stats()
+    return {"tensors": count, "bad": bad, "limit": st.get("limit"),
+            "swap_out_bytes": st.get("swap_out_bytes")}
+
+
 def bad_setting(settings):
     from lms_swap import allocator
     try:
@@ -152,6 +173,8 @@ def main():
         r = train(args[0], int(args[1]), int(args[2]) if len(args) > 2 else None)
     elif what == "host-limit":
         r = host_limit(int(args[0]), int(args[1]))
+    elif what == "fraction":
+        r = fraction(float(args[0]))
     elif what == "bad-setting":
         r = bad_setting(args[0])
     else:

@@ -99,3 +99,13 @@ def test_a_bad_setting_is_refused_naming_it_before_anything_is_installed():
     r = _run("bad-setting", "lms_limit_mb:lots")
     assert r["raised"] == "ValueError" and "lms_limit_mb" in r["message"], r
     assert r["installed"] is False, r
+
+
+def test_a_memory_fraction_becomes_the_lms_limit():
+    """set_per_process_memory_fraction(0.1), then 20% of the card allocated: where the native
+    allocator raises, pages past the fraction move to host memory, every byte intact."""
+    r = _run("fraction", 0.1)
+    assert r["bad"] == [] and r["tensors"] >= 8, r
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert 0 < r["limit"] <= 0.1 * total + 2**20, r
+    assert r["swap_out_bytes"] >= 0.05 * total, r
