@@ -94,10 +94,10 @@ class BuildPyWithCore(build_py):
     def run(self):
         super().run()
         sources = _standalone("allocator_sources")
-        root = os.path.dirname(HERE)
-        if sources.repository_root(os.path.join(HERE, "src", "lms_swap")) is None:
-            print(f"lms-swap: no LMS core in {root}/patches: the wheel's pluggable allocator "
-                  f"will say so", file=sys.stderr)
+        root = sources.repository_root(os.path.join(HERE, "src", "lms_swap"))
+        if root is None:
+            print(f"lms-swap: no LMS core in {os.path.dirname(HERE)}/patches: the wheel's "
+                  f"pluggable allocator will say so", file=sys.stderr)
             return
         sources.stage_into_package(root, os.path.join(self.build_lib, "lms_swap"))
 

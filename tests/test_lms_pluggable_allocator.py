@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "lms-swap" / "src"))
 
 torch = pytest.importorskip("torch")
 from lms_swap import allocator, allocator_sources  # noqa: E402
+from lms_swap.net_toolchain import cpu_only_reason, nvml_include_dirs  # noqa: E402
 
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
@@ -53,13 +54,13 @@ def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
     run-time build (a CPU-only torch lacks one generated header, which only says how c10_cuda
     was linked: it is supplied here)."""
     _headers_or_skip()
-    if not allocator.nvml_include_dirs():
+    if not nvml_include_dirs():
         pytest.skip("no nvml.h (make setup installs nvidia-nvml-dev-cu12)")
     from torch.utils import cpp_extension
     tree = allocator_sources.core_tree(str(PKG), str(tmp_path / "core"))
     includes, cflags, _ = allocator.compile_flags(tree)
     stub = tmp_path / "stub"
-    if allocator.cpu_only_reason():
+    if cpu_only_reason():
         (stub / "c10/cuda/impl").mkdir(parents=True)
         (stub / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#define C10_CUDA_BUILD_SHARED_LIBS\n")
     import sysconfig
@@ -99,7 +100,7 @@ def test_without_a_checkout_or_a_staged_core_it_says_where_it_looked(tmp_path):
 
 
 def test_a_cpu_only_torch_is_refused_with_the_reason():
-    if not allocator.cpu_only_reason():
+    if not cpu_only_reason():
         pytest.skip("a CUDA build of torch")
     reason = allocator.refusal()
     assert "CPU-only build" in reason and "pluggable allocator" in reason

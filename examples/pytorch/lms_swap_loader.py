@@ -65,6 +65,16 @@ def load_lms_swap(prefer_patched: bool = True) -> ModuleType:
     return mod
 
 
+def load_lms_allocator() -> ModuleType:
+    """``lms_swap.allocator`` of the package :func:`load_lms_swap` finds (never of
+    ``torch.cuda.lms_swap``: a patched build has allocator LMS in its own allocator), installed
+    as PyTorch's CUDA allocator with LMS on.  Call it before anything is allocated on the GPU."""
+    load_lms_swap(prefer_patched=False)
+    alloc = importlib.import_module(MODULE_NAME + ".allocator")
+    alloc.enable()
+    return alloc
+
+
 if __name__ == "__main__":
     m = load_lms_swap()
     print(f"{m.__name__} from {m.__file__}")

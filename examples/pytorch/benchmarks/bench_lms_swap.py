@@ -52,6 +52,7 @@ import zoo  # noqa: E402  (the models: unmodified library code)
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
+from allocator_memory import readings  # noqa: E402
 
 RECORD = HERE / "records" / "zoo.jsonl"
 TABLE = HERE / "RESULTS-zoo.md"
@@ -156,10 +157,8 @@ def child(args):
     lms = alloc = None
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
-        from lms_swap_loader import load_lms_swap
-        load_lms_swap(prefer_patched=False)
-        import lms_swap.allocator as alloc
-        alloc.enable()
+        from lms_swap_loader import load_lms_allocator
+        alloc = load_lms_allocator()
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
@@ -212,7 +211,7 @@ def child(args):
 
         def record(kind, t0):
             rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),
-                   "peak_alloc": peak_allocated(alloc),
+                   "peak_alloc": readings(alloc)["peak_allocated"],
                    "rss_hwm": peak_rss()}  # the step in which host memory peaked
             rec.update(policy_counters())
             per_step.append(rec)
@@ -230,7 +229,7 @@ def child(args):
         step_times = []
         counters = []  # lms_swap's counters after each timed step, read after its timing
         retries = []  # the caching allocator's retries per timed step (each one stalls)
-        r0 = alloc_retries(alloc)
+        r0 = readings(alloc)["alloc_retries"]
         t_timed = time.perf_counter()
         while (len(step_times) < args.steps
                or time.perf_counter() - t_timed < args.min_seconds):
@@ -238,7 +237,7 @@ def child(args):
             loss = step()
             torch.cuda.synchronize()
             step_times.append(time.perf_counter() - t0)
-            r1 = alloc_retries(alloc)  # outside the timing
+            r1 = readings(alloc)["alloc_retries"]  # outside the timing
             retries.append(r1 - r0)
             r0 = r1
             counters.append(policy_counters())
@@ -276,32 +275,14 @@ def child(args):
         kind = type(e).__name__
         result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
         result["error"] = str(e).splitlines()[0][:300]
-    if alloc:  # a pluggable allocator has none of the caching allocator's statistics
-        ms = alloc.memory_stats()
-        result["peak_alloc"] = ms["peak_allocated_bytes"]
-        result["peak_reserved"] = ms["reserved_bytes"]
-    else:
-        ms = torch.cuda.memory_stats()
-        # allocator retries free its cache after synchronizing the device: a stall
-        result["alloc_retries"] = ms.get("num_alloc_retries")
-        result["sync_all_streams"] = ms.get("num_sync_all_streams")
-        result["peak_alloc"] = torch.cuda.max_memory_allocated()
-        result["peak_reserved"] = torch.cuda.max_memory_reserved()
+    mem = readings(alloc)
+    if not alloc:  # the caching allocator's retries, each a stall (the pluggable one has none)
+        result["alloc_retries"] = mem["alloc_retries"]
+        result["sync_all_streams"] = mem["sync_all_streams"]
+    result["peak_alloc"] = mem["peak_allocated"]
+    result["peak_reserved"] = mem["peak_reserved"]
     result["peak_host_rss"] = peak_rss()
     print("RESULT " + json.dumps(result), flush=True)
-
-
-def peak_allocated(alloc):
-    """The allocator's peak of allocated bytes (the pluggable LMS allocator's own count)."""
-    import torch
-    return alloc.memory_stats()["peak_allocated_bytes"] if alloc else torch.cuda.max_memory_allocated()
-
-
-def alloc_retries(alloc):
-    """The caching allocator's retries so far (each one stalls); 0 under the pluggable one,
-    which has no such retry (its LMS's own search is in its counters)."""
-    import torch
-    return 0 if alloc else torch.cuda.memory_stats().get("num_alloc_retries", 0)
 
 
 # ----------------------------------------------------------------------------- parent

@@ -46,6 +46,7 @@ sys.path.insert(0, str(HERE))
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
+from allocator_memory import readings  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
 RECORD = HERE / "records" / "loops.jsonl"
@@ -119,10 +120,8 @@ def child(args):
     lms = alloc = None
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
-        from lms_swap_loader import load_lms_swap
-        load_lms_swap(prefer_patched=False)
-        import lms_swap.allocator as alloc
-        alloc.enable()
+        from lms_swap_loader import load_lms_allocator
+        alloc = load_lms_allocator()
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
@@ -145,7 +144,7 @@ def child(args):
             st = alloc.lms_stats()
             out = {f"alloc.{k}": int(st.get(k) or 0) for k in ALLOC_COUNTERS}
         else:
-            out = {"alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0))}
+            out = {"alloc_retries": int(readings()["alloc_retries"])}
         if lms is not None:
             st = lms.stats()
             out.update({k: int(st.get(k) or 0) for k in LMS_COUNTERS})
@@ -161,9 +160,10 @@ def child(args):
             t0 = time.perf_counter()
             kind, units = loop.step(i, ctx)
             torch.cuda.synchronize()
-            rec = {"i": i, "kind": kind, "units": units, "s": time.perf_counter() - t0,
-                   "timed": i >= args.warmup,
-                   **memory_now(alloc)}
+            took = time.perf_counter() - t0
+            mem = readings(alloc)
+            rec = {"i": i, "kind": kind, "units": units, "s": took, "timed": i >= args.warmup,
+                   "alloc_end": mem["allocated"], "reserved_end": mem["reserved"]}
             now = counters()
             rec.update({k: now[k] - before.get(k, 0) for k in now})
             before = now
@@ -183,24 +183,10 @@ def child(args):
         result["lms_stats"] = {k: v for k, v in lms.stats().items() if v is not None}
     result["steps"] = steps
     result["steps_done"] = len(steps)
-    if alloc is not None:
-        ms = alloc.memory_stats()
-        result["peak_alloc"], result["peak_reserved"] = ms["peak_allocated_bytes"], ms["reserved_bytes"]
-    else:
-        result["peak_alloc"] = torch.cuda.max_memory_allocated()
-        result["peak_reserved"] = torch.cuda.max_memory_reserved()
+    mem = readings(alloc)
+    result["peak_alloc"], result["peak_reserved"] = mem["peak_allocated"], mem["peak_reserved"]
     result["peak_host_rss"] = peak_rss()
     print("RESULT " + json.dumps(result), flush=True)
-
-
-def memory_now(alloc):
-    """Allocated and reserved bytes at an iteration's end, from the pluggable LMS allocator's
-    own statistics where it is PyTorch's allocator (the caching allocator's raise there)."""
-    import torch
-    if alloc is not None:
-        ms = alloc.memory_stats()
-        return {"alloc_end": ms["allocated_bytes"], "reserved_end": ms["reserved_bytes"]}
-    return {"alloc_end": torch.cuda.memory_allocated(), "reserved_end": torch.cuda.memory_reserved()}
 
 
 def child_fits(args):

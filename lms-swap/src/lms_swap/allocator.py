@@ -28,7 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import allocator_sources
-from .net_toolchain import cpu_only_reason, cuda_include_dirs, missing_cuda_headers
+from .net_toolchain import (cached_build, cpu_only_reason, cuda_include_dirs,
+                            missing_cuda_headers, nvml_include_dirs)
 
 __all__ = ["enable", "enabled", "memory_stats", "lms_stats", "build", "refusal"]
 
@@ -57,23 +58,6 @@ def refusal() -> Optional[str]:
         "and set CUDA_HOME, or `pip install nvidia-nvml-dev-cu12`")
 
 
-def _build_dir() -> str:
-    from torch.utils.cpp_extension import _get_build_directory
-    return _get_build_directory(_extension_name(), False)
-
-
-def nvml_include_dirs() -> List[str]:
-    """Where ``nvml.h`` is (PyTorch's ``c10/cuda/driver_api.h`` includes it): a CUDA toolkit's
-    headers or NVIDIA's wheels (nvidia-nvml-dev-cu12; CUDA 13's nvidia/cu13)."""
-    found = [d for d in cuda_include_dirs() if os.path.isfile(os.path.join(d, "nvml.h"))]
-    for base in sys.path:
-        for sub in ("nvidia/nvml_dev/include", "nvidia/cu13/include", "nvidia/cu12/include"):
-            d = os.path.join(base, sub)
-            if os.path.isfile(os.path.join(d, "nvml.h")) and d not in found:
-                found.append(d)
-    return found
-
-
 def sources(tree: str) -> List[str]:
     """The translation units of the library: the allocator's own, then the core's in ``tree``."""
     own = sorted(f for f in os.listdir(_HERE)
@@ -100,7 +84,7 @@ def build(verbose: bool = False) -> Any:
     reason = refusal()
     if reason:
         raise RuntimeError(f"the LMS pluggable allocator cannot be built: {reason}")
-    folder = _build_dir()
+    folder, _ = cached_build(_extension_name())
     tree = allocator_sources.core_tree(_HERE, os.path.join(folder, "core"))
     includes, cflags, ldflags = compile_flags(tree)
     return cpp_extension.load(name=_extension_name(), sources=sources(tree),
@@ -109,15 +93,20 @@ def build(verbose: bool = False) -> Any:
 
 
 def _module() -> Any:
+    """:func:`build` once per process, saying before a compile that it takes a while and after
+    it how long it took (nothing is said where the compiled library is reused)."""
     with _lock:
         if "module" not in _state:
+            folder, cached = cached_build(_extension_name())
             t0 = time.monotonic()
-            print("LMS pluggable allocator: compiling it for torch "
-                  f"{torch.__version__} if it is not in {_build_dir()} yet (one to three "
-                  "minutes, once)", file=sys.stderr, flush=True)
+            if not cached:
+                print(f"LMS pluggable allocator: compiling it for torch {torch.__version__}; "
+                      f"this takes one to three minutes, once: later runs reuse {folder}",
+                      file=sys.stderr, flush=True)
             _state["module"] = build()
-            print(f"LMS pluggable allocator: ready in {time.monotonic() - t0:.0f} s",
-                  file=sys.stderr, flush=True)
+            if not cached:
+                print(f"LMS pluggable allocator: compiled in {time.monotonic() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
         return _state["module"]
 
 
@@ -163,22 +152,16 @@ def memory_stats(device: Optional[int] = None) -> Dict[str, int]:
     """This allocator's bytes (``torch.cuda.memory_allocated`` does not reach a pluggable
     allocator): allocated, peak allocated, reserved (segments, on the device or moved to
     host), cached free, segments and live allocations."""
-    if not enabled():
-        raise RuntimeError("the LMS pluggable allocator is not installed")
-    d = torch.cuda.current_device() if device is None else int(device)
-    s = dict(_state["module"].memory_stats(d))
-    s.pop("lms", None)
+    s = _stats(device)
+    s.pop("lms")
     return s
 
 
 def lms_stats(device: Optional[int] = None) -> Dict[str, Any]:
     """The LMS counters of the core, as the patched build's ``torch.cuda.lms_stats`` names
     them (``swap_out_bytes``, ``host_bytes``, ...)."""
-    if not enabled():
-        raise RuntimeError("the LMS pluggable allocator is not installed")
-    d = torch.cuda.current_device() if device is None else int(device)
     out: Dict[str, Any] = {}
-    for line in _state["module"].memory_stats(d)["lms"].splitlines():
+    for line in _stats(device)["lms"].splitlines():
         key, sep, value = line.partition("=")
         if sep:
             try:
@@ -186,3 +169,12 @@ def lms_stats(device: Optional[int] = None) -> Dict[str, Any]:
             except ValueError:
                 out[key.strip()] = value.strip()
     return out
+
+
+def _stats(device: Optional[int]) -> Dict[str, Any]:
+    """The library's statistics of ``device`` (the current one by default): its counters and,
+    under ``lms``, the core's text."""
+    if not enabled():
+        raise RuntimeError("the LMS pluggable allocator is not installed")
+    d = torch.cuda.current_device() if device is None else int(device)
+    return dict(_state["module"].memory_stats(d))

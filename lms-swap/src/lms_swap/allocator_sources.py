@@ -1,5 +1,5 @@
-"""Where the pluggable LMS allocator's C++ comes from: its own file in this package
-(``lms_pluggable_allocator.cpp``) and the patched build's LMS core, compiled unchanged.
+"""Where the pluggable LMS allocator's C++ comes from: its own files in this package
+(``lms_pluggable_*.cpp``) and the patched build's LMS core, compiled unchanged.
 
 The core is kept once, in this repository's ``patches/`` (the patched build's sources).
 A wheel carries a copy of it under ``lms_swap/allocator_core/`` (``lms-swap/setup.py``
@@ -85,10 +85,9 @@ def core_sources(tree: str) -> List[str]:
     return [os.path.join(tree, f) for f in CORE_FILES if f.endswith(".cpp")]
 
 
-def stage_into_package(root: str, build_lib_package: str) -> List[str]:
-    """``setup.py``: the core staged into a built package; the files written."""
+def stage_into_package(root: str, build_lib_package: str) -> None:
+    """``setup.py``: the core staged afresh into a built package."""
     into = os.path.join(build_lib_package, PACKAGED_CORE)
     if os.path.isdir(into):
         shutil.rmtree(into)
     stage(root, into)
-    return [os.path.join(into, f) for f in CORE_FILES]

@@ -15,8 +15,8 @@ from typing import Any, Dict, Optional
 import torch
 
 from . import prebuilt
-from .net_toolchain import (cuda_include_dirs, cpu_only_reason, missing_cuda_headers,  # noqa: F401
-                            unsupported_reason)
+from .net_toolchain import (cached_build, cuda_include_dirs, cpu_only_reason,  # noqa: F401
+                            missing_cuda_headers, unsupported_reason)
 
 # refused here, before anything else of the package runs: a prebuilt net of another torch
 prebuilt.check_at_import()
@@ -64,12 +64,7 @@ def _say(text: str) -> None:
 def _compile_at_first_use(why: str) -> Any:
     """:func:`build_guard`, saying beforehand why it compiles and how long that takes, and
     afterwards how long it took (nothing is said where the compiled net is reused)."""
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
-        folder = _get_build_directory(_extension_name(), False)
-        cached = any(n.endswith(".so") for n in os.listdir(folder))
-    except Exception:  # the private helper moved, or the folder is not there yet
-        folder, cached = os.environ.get("TORCH_EXTENSIONS_DIR", "TORCH_EXTENSIONS_DIR"), False
+    folder, cached = cached_build(_extension_name())
     if not cached:
         _say(f"compiling the eviction net ({os.path.basename(GUARD_SOURCE)}) for torch "
              f"{torch.__version__} because {why}; this takes one to three minutes (one C++ "

@@ -1,5 +1,6 @@
 """What compiling the eviction net (``lms_swap_guard.cpp``) needs besides a C++ compiler: a
-PyTorch whose caching allocator has trace trackers, and the CUDA runtime headers.  Used at run
+PyTorch whose caching allocator has trace trackers, and the CUDA runtime headers (and, for the
+pluggable allocator of :mod:`.allocator`, ``nvml.h``); where a compiled extension is cached.  Used at run
 time (``guard.build_guard``) and at build time (``lms-swap/setup.py`` loads this file on its
 own, so it imports nothing of this package)."""
 
@@ -16,11 +17,9 @@ import torch
 CUDA_HEADERS = ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h"))
 
 
-def cuda_include_dirs() -> List[str]:
-    """Where the CUDA runtime headers are: a CUDA toolkit, else NVIDIA's wheels (the
-    runtime wheel, which PyTorch's CUDA wheels depend on, has ``cuda_runtime_api.h``; the
-    ``crt/`` headers it includes come with the compiler wheel, nvidia-cuda-nvcc-cu12, or
-    nvidia-cuda-crt for CUDA 13)."""
+def _include_dirs(headers, wheel_folders) -> List[str]:
+    """Include folders holding any of ``headers``: a CUDA toolkit's (``CUDA_HOME``), then
+    those of NVIDIA's wheels (``wheel_folders`` under each ``sys.path`` entry), in order."""
     dirs = []
     try:
         from torch.utils.cpp_extension import CUDA_HOME
@@ -29,11 +28,38 @@ def cuda_include_dirs() -> List[str]:
     for root in filter(None, (CUDA_HOME, os.environ.get("CUDA_HOME"))):
         dirs.append(os.path.join(root, "include"))
     for base in sys.path:
-        for sub in ("nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include",
-                    "nvidia/cu13/include", "nvidia/cu12/include"):
+        for sub in wheel_folders:
             dirs.append(os.path.join(base, sub))
     return [d for d in dict.fromkeys(dirs)
-            if any(os.path.isfile(os.path.join(d, h)) for h in CUDA_HEADERS)]
+            if any(os.path.isfile(os.path.join(d, h)) for h in headers)]
+
+
+def cuda_include_dirs() -> List[str]:
+    """Where the CUDA runtime headers are: a CUDA toolkit, else NVIDIA's wheels (the
+    runtime wheel, which PyTorch's CUDA wheels depend on, has ``cuda_runtime_api.h``; the
+    ``crt/`` headers it includes come with the compiler wheel, nvidia-cuda-nvcc-cu12, or
+    nvidia-cuda-crt for CUDA 13)."""
+    return _include_dirs(CUDA_HEADERS, ("nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include",
+                                        "nvidia/cu13/include", "nvidia/cu12/include"))
+
+
+def nvml_include_dirs() -> List[str]:
+    """Where ``nvml.h`` is (PyTorch's ``c10/cuda/driver_api.h`` includes it, which the
+    pluggable allocator's core does): a CUDA toolkit, else NVIDIA's wheels
+    (nvidia-nvml-dev-cu12; CUDA 13's own)."""
+    return _include_dirs(("nvml.h",), ("nvidia/nvml_dev/include", "nvidia/cu13/include",
+                                       "nvidia/cu12/include"))
+
+
+def cached_build(extension: str) -> tuple:
+    """``(folder, cached)``: where torch.utils.cpp_extension builds ``extension`` and whether a
+    compiled module is there already (then loading it compiles nothing)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        folder = _get_build_directory(extension, False)
+        return folder, any(n.endswith(".so") for n in os.listdir(folder))
+    except Exception:  # the private helper moved, or the folder is not there yet
+        return os.environ.get("TORCH_EXTENSIONS_DIR", "TORCH_EXTENSIONS_DIR"), False
 
 
 def missing_cuda_headers(include_dirs: List[str]) -> Optional[str]:
