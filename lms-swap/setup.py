@@ -81,7 +81,8 @@ def _net_setup() -> dict:
             return super().get_outputs() + [os.path.join(self.build_lib, "lms_swap", RECORD)]
 
     ext = CppExtension(EXTENSION, sources=["src/lms_swap/lms_swap_guard.cpp"],
-                       include_dirs=includes, extra_compile_args=["-O2"])
+                       include_dirs=includes, extra_compile_args=["-O2"],
+                       extra_link_args=toolchain.libstdcxx_link_flags())
     public = torch.__version__.split("+")[0]
     return dict(version=version, install_requires=[f"torch=={public}"], ext_modules=[ext],
                 cmdclass={"build_ext": BuildNet.with_options(use_ninja=True)})

@@ -29,7 +29,7 @@ import torch
 
 from . import allocator_sources
 from .net_toolchain import (cached_build, cpu_only_reason, cuda_include_dirs,
-                            missing_cuda_headers, nvml_include_dirs)
+                            libstdcxx_link_flags, missing_cuda_headers, nvml_include_dirs)
 
 __all__ = ["enable", "enabled", "memory_stats", "lms_stats", "build", "refusal"]
 
@@ -73,7 +73,7 @@ def compile_flags(tree: str) -> Tuple[List[str], List[str], List[str]]:
     cflags = ["-O2", "-DPYTORCH_C10_DRIVER_API_SUPPORTED=1"]
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     ldflags = [f"-l{n}" for n in ("c10_cuda", "torch_cuda")
-               if os.path.isfile(os.path.join(lib, f"lib{n}.so"))]
+               if os.path.isfile(os.path.join(lib, f"lib{n}.so"))] + libstdcxx_link_flags()
     return includes, cflags, ldflags
 
 

@@ -16,7 +16,7 @@ import torch
 
 from . import prebuilt
 from .net_toolchain import (cached_build, cuda_include_dirs, cpu_only_reason,  # noqa: F401
-                            missing_cuda_headers, unsupported_reason)
+                            libstdcxx_link_flags, missing_cuda_headers, unsupported_reason)
 
 # refused here, before anything else of the package runs: a prebuilt net of another torch
 prebuilt.check_at_import()
@@ -53,7 +53,8 @@ def build_guard(verbose: bool = False) -> Any:
     if reason:
         raise RuntimeError(reason)
     return cpp_extension.load(name=_extension_name(), sources=[GUARD_SOURCE],
-                              extra_include_paths=inc, extra_cflags=["-O2"], verbose=verbose)
+                              extra_include_paths=inc, extra_cflags=["-O2"],
+                              extra_ldflags=libstdcxx_link_flags(), verbose=verbose)
 
 
 def _say(text: str) -> None:

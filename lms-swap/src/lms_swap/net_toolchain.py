@@ -51,6 +51,14 @@ def nvml_include_dirs() -> List[str]:
                                        "nvidia/cu12/include"))
 
 
+def libstdcxx_link_flags() -> List[str]:
+    """Link flags that make a compiled extension use the process's shared ``libstdc++.so.6``.
+    Where the compiler finds no development link ``libstdc++.so`` (a runtime-only image), g++
+    links ``libstdc++.a`` into the extension instead: a second C++ library whose locale is
+    never set up, so the first ``std::ostringstream`` formatting a number crashes."""
+    return ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
+
+
 def cached_build(extension: str) -> tuple:
     """``(folder, cached)``: where torch.utils.cpp_extension builds ``extension`` and whether a
     compiled module is there already (then loading it compiles nothing)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -44,6 +45,19 @@ def cuda_and_library():
     if reason:
         missing(f"the LMS pluggable allocator cannot be built here: {reason}")
     allocator.build()  # compiled once here, so that no scenario's timeout pays for it
+
+
+def test_the_library_uses_the_processs_cxx_runtime():
+    """The library needs the shared libstdc++.so.6 that torch uses, not a static copy of its own
+    (which a compiler without the libstdc++.so development link makes, and whose first number
+    formatted in a std::ostringstream crashes the process)."""
+    from lms_swap import allocator
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("no readelf (binutils)")
+    lib = allocator.build().__file__
+    dynamic = subprocess.run([readelf, "-d", lib], capture_output=True, text=True, check=True).stdout
+    assert "[libstdc++.so.6]" in dynamic, dynamic
 
 
 def test_every_byte_survives_twice_the_limit():
