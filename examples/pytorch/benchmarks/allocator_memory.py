@@ -11,12 +11,15 @@ def readings(alloc=None) -> dict:
     retries release its cache after synchronizing the device: each one stalls).  ``alloc``:
     the installed ``lms_swap.allocator``, or None for the native allocator.  Under it there are
     no retries (its LMS's search is in its own counters: 0 and None), and ``peak_reserved`` is
-    what it reserves now (it keeps no peak of that)."""
+    what it reserves now (it keeps no peak of that).  ``host_pages_peak``: the most host memory
+    the pluggable allocator's LMS held in pinned pages (0 for the native allocator); those pages
+    are made by the CUDA driver and are not in the process's RSS, so a host figure adds them."""
     if alloc is not None:
         ms = alloc.memory_stats()
         return {"allocated": ms["allocated_bytes"], "reserved": ms["reserved_bytes"],
                 "peak_allocated": ms["peak_allocated_bytes"], "peak_reserved": ms["reserved_bytes"],
-                "alloc_retries": 0, "sync_all_streams": None}
+                "alloc_retries": 0, "sync_all_streams": None,
+                "host_pages_peak": int(alloc.lms_stats().get("host_budget.peak", 0))}
     import torch
     ms = torch.cuda.memory_stats()
     return {"allocated": ms.get("allocated_bytes.all.current", 0),
@@ -24,4 +27,13 @@ def readings(alloc=None) -> dict:
             "peak_allocated": ms.get("allocated_bytes.all.peak", 0),
             "peak_reserved": ms.get("reserved_bytes.all.peak", 0),
             "alloc_retries": ms.get("num_alloc_retries", 0),
-            "sync_all_streams": ms.get("num_sync_all_streams")}
+            "sync_all_streams": ms.get("num_sync_all_streams"), "host_pages_peak": 0}
+
+
+def host_gib(r: dict) -> str:
+    """A result's peak host memory in GiB for a table: its RSS, plus `` + N`` where the
+    pluggable allocator held pinned host pages outside the RSS."""
+    rss, pages = r.get("peak_host_rss"), r.get("peak_host_pages") or 0
+    if not rss:
+        return "-"
+    return f"{rss / 2**30:.1f}" + (f" + {pages / 2**30:.1f}" if pages else "")

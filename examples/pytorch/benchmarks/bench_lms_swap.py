@@ -52,7 +52,7 @@ import zoo  # noqa: E402  (the models: unmodified library code)
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
-from allocator_memory import readings  # noqa: E402
+from allocator_memory import host_gib, readings  # noqa: E402
 
 RECORD = HERE / "records" / "zoo.jsonl"
 TABLE = HERE / "RESULTS-zoo.md"
@@ -282,6 +282,7 @@ def child(args):
     result["peak_alloc"] = mem["peak_allocated"]
     result["peak_reserved"] = mem["peak_reserved"]
     result["peak_host_rss"] = peak_rss()
+    result["peak_host_pages"] = mem["host_pages_peak"]
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -510,7 +511,7 @@ def add_bounds(row, stock_rate, link):
 def summary_line(r):
     s = f"{r['model']:8s} x{r['scale']:<4} b={r['batch']:<5} {r['mode']:11s} {r.get('status')}"
     if r.get("status") == "ok":
-        s += f" {r['units_per_s']:.1f} {r['unit']} step {r['step_s']:.3f}s peakGPU {fmt_gib(r['peak_alloc'])}G host {fmt_gib(r.get('peak_host_rss'))}G"
+        s += f" {r['units_per_s']:.1f} {r['unit']} step {r['step_s']:.3f}s peakGPU {fmt_gib(r['peak_alloc'])}G host {host_gib(r)}G"
         if "out_bytes_per_step" in r:
             s += f" out/in {fmt_gib(r['out_bytes_per_step'])}/{fmt_gib(r['in_bytes_per_step'])}G"
         if "frac_of_bound" in r:
@@ -527,7 +528,7 @@ def summary_line(r):
 
 
 TABLE_HEAD = [
-    "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | timed steps (allocator retries) | peak GPU alloc / reserved GiB | peak host RSS GiB | out / in GiB per step | PCIe bound step s | % of bound | % of probed bound |",
+    "| model | scale | batch | mode | result | throughput | vs stock 1.0x | step s | timed steps (allocator retries) | peak GPU alloc / reserved GiB | peak host RSS GiB (+ pluggable allocator's host pages) | out / in GiB per step | PCIe bound step s | % of bound | % of probed bound |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
@@ -553,7 +554,7 @@ def table_rows(results):
             f"{r['step_s']:.3f}" if ok else "-",
             f"{r['timed_steps']} ({r['timed_alloc_retries']})" if "timed_steps" in r else "-",
             f"{fmt_gib(r.get('peak_alloc'))} / {fmt_gib(r.get('peak_reserved'))}" if "peak_alloc" in r else "-",
-            fmt_gib(r.get("peak_host_rss")),
+            host_gib(r),
             f"{fmt_gib(r['out_bytes_per_step'])} / {fmt_gib(r['in_bytes_per_step'])}" if "out_bytes_per_step" in r else "-",
             f"{r['bound_step_s']:.3f}" if "bound_step_s" in r else "-",
             (f"{100 * r['frac_of_bound']:.1f}%" + ("" if r.get("bound_has_compute") else "*"))

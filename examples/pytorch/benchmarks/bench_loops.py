@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
-from allocator_memory import readings  # noqa: E402
+from allocator_memory import host_gib, readings  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
 RECORD = HERE / "records" / "loops.jsonl"
@@ -186,6 +186,7 @@ def child(args):
     mem = readings(alloc)
     result["peak_alloc"], result["peak_reserved"] = mem["peak_allocated"], mem["peak_reserved"]
     result["peak_host_rss"] = peak_rss()
+    result["peak_host_pages"] = mem["host_pages_peak"]
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -296,7 +297,7 @@ def write_table(path, records):
     ]
     columns = ["loop", "scale", "batch", "mode", "result", "iterations", "units/s", "vs stock 1.0x",
                "% of bound", "net interventions", "out / in GB per iter", "peak GPU GiB",
-               "peak host GiB"]
+               "peak host GiB (+ pluggable allocator's host pages)"]
     stock = {}
     for r in records:
         if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
@@ -333,7 +334,7 @@ def write_table(path, records):
             f"{r['net_interventions']} ({r['net_interventions_all']})" if ok and r["mode"] == "lms" else "-",
             f"{r['out_gb_per_iter']:.1f} / {r['in_gb_per_iter']:.1f}" if ok and r["mode"] in SWAPPING else "-",
             f"{r['peak_alloc'] / GiB:.1f}" if r.get("peak_alloc") else "-",
-            f"{r['peak_host_rss'] / GiB:.1f}" if r.get("peak_host_rss") else "-",
+            host_gib(r),
         ]
 
     def note(rows):
