@@ -45,7 +45,7 @@ def test_free_blocks_fit_cut_and_merge_per_stream(tmp_path):
     lines = p.stdout.splitlines()
     failed = [x for x in lines if not x.startswith("ok ")]
     assert p.returncode == 0 and not failed, p.stdout + p.stderr
-    assert len(lines) == 16, lines
+    assert len(lines) == 22, lines
 
 
 @needs_cxx

@@ -113,5 +113,15 @@ int main() {
     fb.remove(x);
     check("removed", fb.bytes() == 0 && fb.take(MiB, s1, false) == nullptr);
   }
+  {  // a large segment's page: the large page where it divides the request, smaller
+     // pages where the large one would leave more than 1/32 unused, never under 8 MiB
+    const size_t L = 64 * MiB;
+    check("page_exact", segment_page(256 * MiB, L) == L, std::to_string(segment_page(256 * MiB, L) >> 20));
+    check("page_half", segment_page(288 * MiB, L) == 32 * MiB, std::to_string(segment_page(288 * MiB, L) >> 20));
+    check("page_small_waste", segment_page(774 * MiB, L) == 16 * MiB, std::to_string(segment_page(774 * MiB, L) >> 20));
+    check("page_least_waste", segment_page(100 * MiB, L) == 8 * MiB, std::to_string(segment_page(100 * MiB, L) >> 20));
+    check("page_large_enough", segment_page(2000 * MiB, L) == L, std::to_string(segment_page(2000 * MiB, L) >> 20));
+    check("page_upstream_20", segment_page(30 * MiB, 20 * MiB) == 10 * MiB, std::to_string(segment_page(30 * MiB, 20 * MiB) >> 20));
+  }
   return failures ? 1 : 0;
 }

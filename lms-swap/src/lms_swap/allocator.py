@@ -150,8 +150,10 @@ def enabled() -> bool:
 
 def memory_stats(device: Optional[int] = None) -> Dict[str, int]:
     """This allocator's bytes (``torch.cuda.memory_allocated`` does not reach a pluggable
-    allocator): allocated, peak allocated, reserved (segments, on the device or moved to
-    host), cached free, segments and live allocations."""
+    allocator): allocated and its peak (blocks whose pages LMS moved to host memory
+    included), reserved (segments, on the device or moved to host), device reserved (their
+    pages on the device) and its peak since the last reset, cached free, segments and live
+    allocations."""
     s = _stats(device)
     s.pop("lms")
     return s

@@ -161,6 +161,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     c.allocated = allocated_;
     c.peak_allocated = peak_allocated_;
     c.reserved = segments_.mapped_bytes();
+    c.device_reserved = segments_.device_bytes();
+    c.peak_device_reserved = segments_.peak_device_bytes();
     c.segments = segments_.all().size();
     c.cached_free = free_.bytes();
     c.live = live_.size();
@@ -170,6 +172,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   void reset_peak() {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     peak_allocated_ = allocated_;
+    segments_.reset_peak();
   }
 
   // ---- lms::impl::AllocatorHooks: segments ----
@@ -345,15 +348,20 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     return static_cast<Segment*>(const_cast<void*>(seg));
   }
 
-  // The segment a request gets when nothing free serves it.
-  size_t segment_size(const Request& r) const {
+  // The page and size of the segment a request gets when nothing free serves
+  // it: the small pool's; a shared one of the large page for requests under
+  // kSharedBelow (cut for the next ones); else the request's own, in pages
+  // that leave little of it unused (segment_page).
+  std::pair<size_t, size_t> segment_shape(const Request& r) const {
     if (r.small) {
-      return kSmallSegment;
+      return {kSmallSegment, kSmallSegment};
     }
-    const size_t page = new_large_page(device_);
-    return round_up(
-        r.size < kSharedBelow ? std::max(kUpstreamLargePage, r.size) : r.size,
-        page);
+    const size_t large = new_large_page(device_);
+    if (r.size < kSharedBelow) {
+      return {large, round_up(std::max(kUpstreamLargePage, r.size), large)};
+    }
+    const size_t page = segment_page(r.size, large);
+    return {page, round_up(r.size, page)};
   }
 
   // With LMS on, the core's search (free list, limit, new pages, releases,
@@ -365,7 +373,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
         return found || new_segment(r);
       }
       bool refused = false;
-      return lms_.malloc(found != nullptr, device_, segment_size(r), &refused);
+      return lms_.malloc(
+          found != nullptr, device_, segment_shape(r).second, &refused);
     } catch (...) {
       if (found) {
         free_.add(found);
@@ -375,8 +384,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   }
 
   bool new_segment(Request& r) {
-    const size_t page = r.small ? kSmallSegment : new_large_page(device_);
-    Block* b = segments_.make(segment_size(r), page, r.small, r.stream);
+    const auto [page, size] = segment_shape(r);
+    Block* b = segments_.make(size, page, r.small, r.stream);
     if (!b) {
       return false;
     }

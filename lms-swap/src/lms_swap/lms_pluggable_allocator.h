@@ -12,6 +12,8 @@ struct Counters {
   size_t allocated = 0; // bytes asked for by live allocations
   size_t peak_allocated = 0;
   size_t reserved = 0; // bytes of all segments, on the device or on host
+  size_t device_reserved = 0; // of those, on the device
+  size_t peak_device_reserved = 0; // since the last reset_peak
   size_t segments = 0;
   size_t cached_free = 0;
   size_t live = 0; // allocations not yet freed

@@ -73,6 +73,8 @@ py::dict memory_stats(int device) {
   d["allocated_bytes"] = c.allocated;
   d["peak_allocated_bytes"] = c.peak_allocated;
   d["reserved_bytes"] = c.reserved;
+  d["device_reserved_bytes"] = c.device_reserved;
+  d["peak_device_reserved_bytes"] = c.peak_device_reserved;
   d["segments"] = c.segments;
   d["cached_free_bytes"] = c.cached_free;
   d["live_allocations"] = c.live;

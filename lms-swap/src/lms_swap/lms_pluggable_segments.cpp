@@ -86,6 +86,7 @@ Block* Segments::make(
   b->seg = seg.get();
   seg->first = b;
   mapped_ += size;
+  note_device_bytes();
   segments_.push_back(std::move(seg));
   return b;
 }
@@ -95,6 +96,7 @@ void Segments::release(Segment* s) {
   for (size_t i = 0; i < s->handles.size(); ++i) {
     C10_CUDA_DRIVER_CHECK(api->cuMemUnmap_(s->base + i * s->page, s->page));
     if (s->on_host[i]) {
+      on_host_ -= s->page;
       lms::host_page_release(device_, s->page, s->handles[i]);
       lms::stat_add(device_, lms::kHostBytes, -static_cast<int64_t>(s->page));
       lms::stat_add(device_, lms::kHostPagesDropped, 1);
@@ -121,6 +123,10 @@ CUmemGenericAllocationHandle Segments::remap(
   C10_CUDA_DRIVER_CHECK(static_cast<CUresult>(
       lms::remap_page(s->base + idx * s->page, s->page, old, h, devices, 1)));
   s->handles[idx] = h;
+  if (s->on_host[idx] != on_host) {
+    on_host_ = on_host ? on_host_ + s->page : on_host_ - s->page;
+    note_device_bytes();
+  }
   s->on_host[idx] = on_host;
   return old;
 }

@@ -10,12 +10,41 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 namespace lms_pluggable {
+
+constexpr size_t kPageGranularity = size_t(2) << 20; // the driver's, on every GPU here
+constexpr size_t kMinLargePage = size_t(8) << 20; // smaller pages move slowly
+
+// The page of a new large segment for a request of `size` bytes: the largest of
+// `large_page`, large_page/2, ... (not under kMinLargePage, each a multiple of
+// kPageGranularity) whose rounding leaves at most size/32 of the segment
+// unused, else the one leaving least. Rounded to the large page (64 MiB on
+// the H100), every large segment may leave up to a page unused that requests
+// of other sizes do not reuse while its block is allocated, so that a batch
+// which fits PyTorch's own allocator need not fit here.
+inline size_t segment_page(size_t size, size_t large_page) {
+  size_t best = large_page;
+  size_t best_waste = static_cast<size_t>(-1);
+  for (size_t p = large_page; p >= std::min(kMinLargePage, large_page) &&
+       p % kPageGranularity == 0;
+       p /= 2) {
+    const size_t waste = (size + p - 1) / p * p - size;
+    if (waste * 32 <= size) {
+      return p;
+    }
+    if (waste < best_waste) {
+      best = p;
+      best_waste = waste;
+    }
+  }
+  return best;
+}
 
 struct Segment;
 
@@ -83,16 +112,33 @@ class Segments {
       CUmemGenericAllocationHandle h,
       bool on_host);
 
+  // bytes of all segments, wherever their pages are
   size_t mapped_bytes() const {
     return mapped_;
+  }
+  // bytes of pages on the device, now and at most since reset_peak
+  size_t device_bytes() const {
+    return mapped_ - on_host_;
+  }
+  size_t peak_device_bytes() const {
+    return peak_device_;
+  }
+  void reset_peak() {
+    peak_device_ = device_bytes();
   }
   const std::vector<std::unique_ptr<Segment>>& all() const {
     return segments_;
   }
 
  private:
+  void note_device_bytes() {
+    peak_device_ = std::max(peak_device_, device_bytes());
+  }
+
   const int device_;
   size_t mapped_ = 0;
+  size_t on_host_ = 0; // bytes of pages LMS moved to host memory
+  size_t peak_device_ = 0;
   std::vector<std::unique_ptr<Segment>> segments_;
 };
 

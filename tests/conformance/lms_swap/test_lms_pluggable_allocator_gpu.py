@@ -67,6 +67,7 @@ def test_every_byte_survives_twice_the_limit():
     assert r["bad"] == [] and r["bad_after_frees"] == [], r
     assert r["swap_out_bytes"] >= 7 * 2**30, r
     assert r["host_bytes_peak"] >= 7 * 2**30, r
+    assert 0 < r["memory"]["peak_device_reserved_bytes"] <= 8 * 2**30, r
 
 
 def test_a_side_streams_write_lands_while_its_pages_move():
