@@ -105,6 +105,26 @@ def test_the_net_stays_off_under_another_allocator_with_one_warning(m, monkeypat
     assert not net.armed()
 
 
+def test_a_pluggable_allocators_own_counts_replace_the_drivers(m):
+    """Under a pluggable allocator that counts (lms_swap.allocator installs its counts), the
+    swapper reads those, not the driver's in-use bytes, which count that allocator's cache as
+    in use; with the counts taken away, the driver's view again."""
+    dm = m.device_memory
+    seen = []
+
+    def counts(index):
+        seen.append(index)
+        return (3 * MiB, 8 * MiB, 5 * MiB)
+
+    dm.use_counters(counts)
+    try:
+        assert (dm.allocated(0), dm.reserved(0), dm.peak_allocated(0)) == (3 * MiB, 8 * MiB, 5 * MiB)
+        assert dm.counted_by_allocator(0) and seen == [0, 0, 0]
+    finally:
+        dm.use_counters(None)
+    assert dm._counters is None
+
+
 # ------------------------------------------------------------ 4. in place after saving
 def _inplace_on_base_after_the_view_is_gone(ctx):
     """Saves a dense view of ``base`` (its Python object then dropped), changes ``base``

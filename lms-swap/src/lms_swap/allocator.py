@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import allocator_sources
+from . import allocator_sources, device_memory
 from .net_toolchain import (cached_build, cpu_only_reason, cuda_include_dirs,
                             libstdcxx_link_flags, missing_cuda_headers, nvml_include_dirs)
 
@@ -133,6 +133,9 @@ def enable(settings: Optional[str] = None) -> None:
         raise RuntimeError(
             f"the LMS pluggable allocator could not be installed: {e}. Call "
             "lms_swap.allocator.enable() before anything is allocated on a GPU") from e
+    # activation swapping reads this allocator's own counts, not the driver's (which
+    # count its cache as in use, so the swapper would see a full device at every step)
+    device_memory.use_counters(mod.device_counts)
     _state["installed"] = True
 
 

@@ -3,22 +3,34 @@
 The native caching allocator keeps counters (``torch.cuda.memory_allocated`` and its
 kin).  A pluggable allocator (``torch.cuda.memory.change_current_allocator``) keeps none:
 asking raises ("CUDAPluggableAllocator does not yet support getDeviceStats"), which would
-end a training step.  There the driver's view stands in: the device memory in use by
-anything (``cudaMemGetInfo``), which counts the CUDA context and other processes too, so
-the swapper sees more pressure than there is and swaps early, never late; its peak is
-the highest value read here.
+end a training step.  A pluggable allocator that keeps counters of its own gives them
+through :func:`use_counters` (``lms_swap.allocator`` does when it is installed).  Elsewhere
+the driver's view stands in: the device memory in use by anything (``cudaMemGetInfo``),
+which counts the CUDA context, other processes and a pluggable allocator's cache too, so
+the swapper sees more pressure than there is and swaps early, never late; its peak is the
+highest value read here.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["allocated", "reserved", "peak_allocated", "counted_by_allocator"]
+__all__ = ["allocated", "reserved", "peak_allocated", "counted_by_allocator", "use_counters"]
 
 _counted: Dict[int, bool] = {}      # device -> its allocator keeps counters
 _driver_peak: Dict[int, int] = {}   # device -> highest in-use value read from the driver
+# device -> (allocated, reserved, peak allocated) of a pluggable allocator that counts
+_counters: Optional[Callable[[int], Tuple[int, int, int]]] = None
+
+
+def use_counters(counters: Optional[Callable[[int], Tuple[int, int, int]]]) -> None:
+    """Makes ``counters(index) -> (allocated, reserved, peak_allocated)``, bytes on the
+    device, the answer for a pluggable allocator that keeps its own (None: the driver's
+    view again)."""
+    global _counters
+    _counters = counters
 
 
 def _in_use(index: int) -> int:
@@ -31,6 +43,8 @@ def _in_use(index: int) -> int:
 
 def counted_by_allocator(index: int) -> bool:
     """Whether the allocator of device ``index`` keeps its own counters."""
+    if _counters is not None:
+        return True
     if index not in _counted:
         try:
             torch.cuda.memory_allocated(index)
@@ -43,6 +57,8 @@ def counted_by_allocator(index: int) -> bool:
 def allocated(index: int) -> int:
     """Bytes of tensors on device ``index`` (the allocator's count, else the driver's
     in-use bytes)."""
+    if _counters is not None:
+        return int(_counters(index)[0])
     if counted_by_allocator(index):
         return torch.cuda.memory_allocated(index)
     return _in_use(index)
@@ -50,6 +66,8 @@ def allocated(index: int) -> int:
 
 def reserved(index: int) -> int:
     """Bytes the allocator holds on device ``index``, cached ones included."""
+    if _counters is not None:
+        return int(_counters(index)[1])
     if counted_by_allocator(index):
         return torch.cuda.memory_reserved(index)
     return _in_use(index)
@@ -57,6 +75,8 @@ def reserved(index: int) -> int:
 
 def peak_allocated(index: int) -> int:
     """The highest :func:`allocated` since the program began (not reset here)."""
+    if _counters is not None:
+        return int(_counters(index)[2])
     if counted_by_allocator(index):
         return torch.cuda.max_memory_allocated(index)
     return max(_driver_peak.get(index, 0), _in_use(index))

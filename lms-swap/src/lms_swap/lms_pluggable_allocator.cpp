@@ -98,6 +98,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     live_[b->ptr] = b;
     allocated_ += size;
     peak_allocated_ = std::max(peak_allocated_, allocated_);
+    peak_device_allocated_ =
+        std::max(peak_device_allocated_, device_allocated());
     return b->ptr;
   }
 
@@ -163,6 +165,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     c.reserved = segments_.mapped_bytes();
     c.device_reserved = segments_.device_bytes();
     c.peak_device_reserved = segments_.peak_device_bytes();
+    c.device_allocated = device_allocated();
+    c.peak_device_allocated = peak_device_allocated_;
     c.segments = segments_.all().size();
     c.cached_free = free_.bytes();
     c.live = live_.size();
@@ -172,6 +176,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   void reset_peak() {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     peak_allocated_ = allocated_;
+    peak_device_allocated_ = device_allocated();
     segments_.reset_peak();
   }
 
@@ -344,6 +349,15 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     Request* prev_;
   };
 
+  // Allocated bytes on the device: allocated less the pages LMS moved to
+  // host memory, which lie under allocated blocks but may hold free bytes too
+  // (then this counts low by those).
+  size_t device_allocated() const {
+    const int64_t host = lms::stat_get(device_, lms::kHostBytes);
+    const size_t h = host > 0 ? static_cast<size_t>(host) : 0;
+    return allocated_ > h ? allocated_ - h : 0;
+  }
+
   static Segment* as_segment(const void* seg) {
     return static_cast<Segment*>(const_cast<void*>(seg));
   }
@@ -455,6 +469,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   uint64_t clock_ = 0;
   size_t allocated_ = 0;
   size_t peak_allocated_ = 0;
+  size_t peak_device_allocated_ = 0;
   Request* req_ = nullptr;
   lms::impl::DeviceLms lms_{*this};
 };

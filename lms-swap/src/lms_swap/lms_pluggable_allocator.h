@@ -15,6 +15,8 @@ struct Counters {
   size_t device_reserved = 0; // of those, on the device
   size_t peak_device_reserved = 0; // since the last reset_peak
   size_t segments = 0;
+  size_t device_allocated = 0; // allocated, less the pages LMS moved to host
+  size_t peak_device_allocated = 0; // since the last reset_peak
   size_t cached_free = 0;
   size_t live = 0; // allocations not yet freed
 };

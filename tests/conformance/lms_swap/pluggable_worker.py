@@ -115,6 +115,8 @@ def train(mode, steps, limit_mib=None):
            "weights": float.hex(float(sum(p.double().sum() for p in model.parameters()))),
            "step_s": (time.perf_counter() - t0) / max(1, steps - 1)}
     if mode == "pluggable":
+        from lms_swap import device_memory
+        out["swapper_sees"] = device_memory.allocated(0)  # what activation swapping reads
         out["lms"] = {k: v for k, v in alloc.lms_stats().items() if k.startswith("swap_")}
         out["memory"] = alloc.memory_stats()
     return out
