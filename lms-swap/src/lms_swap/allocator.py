@@ -134,7 +134,9 @@ def enable(settings: Optional[str] = None) -> None:
             f"the LMS pluggable allocator could not be installed: {e}. Call "
             "lms_swap.allocator.enable() before anything is allocated on a GPU") from e
     # activation swapping reads this allocator's own counts, not the driver's (which
-    # count its cache as in use, so the swapper would see a full device at every step)
+    # count its cache as in use, so the swapper would see a full device at every step);
+    # its allocated bytes include pages LMS moved to host, so the swapper keeps the whole
+    # allocation within the card and the page moves stay a net
     device_memory.use_counters(mod.device_counts)
     _state["installed"] = True
 

@@ -26,9 +26,9 @@ _counters: Optional[Callable[[int], Tuple[int, int, int]]] = None
 
 
 def use_counters(counters: Optional[Callable[[int], Tuple[int, int, int]]]) -> None:
-    """Makes ``counters(index) -> (allocated, reserved, peak_allocated)``, bytes on the
-    device, the answer for a pluggable allocator that keeps its own (None: the driver's
-    view again)."""
+    """Makes ``counters(index) -> (allocated, reserved, peak_allocated)`` of device
+    ``index`` the answer for a pluggable allocator that keeps its own counts (None: the
+    driver's view again)."""
     global _counters
     _counters = counters
 

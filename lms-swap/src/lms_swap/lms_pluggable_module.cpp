@@ -100,12 +100,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", [] { return lms::supported(); });
   m.def("configure", &configure);
   m.def("memory_stats", &memory_stats);
-  // (allocated, reserved, peak allocated) on the device: what activation
-  // swapping reads at every saved tensor, so no dict and no LMS text
+  // what activation swapping reads at every saved tensor (no dict, no LMS
+  // text): allocated bytes wherever their pages are, so that it keeps the
+  // whole allocation within the device and LMS's page moves stay a net; the
+  // reserved bytes on the device; the peak of allocated bytes
   m.def("device_counts", [](int device) {
     const auto c = lms_pluggable::counters(device);
-    return py::make_tuple(
-        c.device_allocated, c.device_reserved, c.peak_device_allocated);
+    return py::make_tuple(c.allocated, c.device_reserved, c.peak_allocated);
   });
   m.def("reset_peak", [](int device) {
     lms_pluggable::reset_peak(device);
