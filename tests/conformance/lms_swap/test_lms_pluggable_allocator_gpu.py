@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,28 @@ def test_a_memory_fraction_becomes_the_lms_limit():
     total = torch.cuda.get_device_properties(0).total_memory
     assert 0 < r["limit"] <= 0.1 * total + 2**20, r
     assert r["swap_out_bytes"] >= 0.05 * total, r
+
+
+@pytest.mark.parametrize("scenario", [("bytes", 1 * GiB_MiB, 2 * GiB_MiB), ("foreign", 512),
+                                      ("train", "pluggable", 3, 4 * GiB_MiB)])
+def test_page_moves_are_clean_under_compute_sanitizer_memcheck(scenario, tmp_path):
+    """The scenarios that move pages (bytes at twice the limit, a side stream's write, training
+    under a limit), small, under compute-sanitizer memcheck: no error, and each still passes."""
+    from tests.gpu_requirements import compute_sanitizer
+    san = compute_sanitizer("/usr/local/cuda")
+    log = tmp_path / "memcheck.log"
+    p = subprocess.run([san, "--tool", "memcheck", "--error-exitcode", "97", "--log-file", str(log),
+                        sys.executable, str(HERE / "pluggable_worker.py"), *map(str, scenario)],
+                       capture_output=True, text=True, timeout=500)
+    report = log.read_text(errors="replace") if log.exists() else ""
+    summary = [x for x in report.splitlines() if "ERROR SUMMARY" in x]
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:], report[-3000:])
+    assert summary and all(re.search(r"\b0 errors\b", x) for x in summary), report[-3000:]
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    r = json.loads(lines[-1][7:])
+    if scenario[0] == "bytes":
+        assert r["bad"] == [] and r["bad_after_frees"] == [] and r["swap_out_bytes"] > 0, r
+    elif scenario[0] == "foreign":
+        assert r["x_ok"] and r["others_ok"] and r["swap_out_bytes"] > 0, r
+    else:
+        assert r["lms"]["swap_out_bytes"] > 0, r
