@@ -10,15 +10,15 @@ def readings(alloc=None) -> dict:
     device, and ``alloc_retries`` and ``sync_all_streams`` so far (the caching allocator's
     retries release its cache after synchronizing the device: each one stalls).  ``alloc``:
     the installed ``lms_swap.allocator``, or None for the native allocator.  Under it there are
-    no retries (its LMS's search is in its own counters: 0 and None), its reserved bytes are
-    those of its pages on the device, and its allocated bytes include blocks whose pages LMS
-    moved to host memory.  ``host_pages_peak``: the most host memory
+    no retries (its LMS's search is in its own counters: 0 and None), and its bytes are those
+    on the device: allocated less the pages LMS moved to host memory, and reserved pages on
+    the device.  ``host_pages_peak``: the most host memory
     the pluggable allocator's LMS held in pinned pages (0 for the native allocator); those pages
     are made by the CUDA driver and are not in the process's RSS, so a host figure adds them."""
     if alloc is not None:
         ms = alloc.memory_stats()
-        return {"allocated": ms["allocated_bytes"], "reserved": ms["device_reserved_bytes"],
-                "peak_allocated": ms["peak_allocated_bytes"],
+        return {"allocated": ms["device_allocated_bytes"], "reserved": ms["device_reserved_bytes"],
+                "peak_allocated": ms["peak_device_allocated_bytes"],
                 "peak_reserved": ms["peak_device_reserved_bytes"],
                 "alloc_retries": 0, "sync_all_streams": None,
                 "host_pages_peak": int(alloc.lms_stats().get("host_budget.peak", 0))}
