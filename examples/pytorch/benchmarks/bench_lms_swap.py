@@ -581,7 +581,8 @@ def write_table(path, recs):
         link = r.get("link")
         lines += ["", "## " + records.title(r), "", f"Command: `{r.get('command')}`"
                   + (f" Pinned copies: {link.get('d2h_gbps')} GB/s out, {link.get('h2d_gbps')} in."
-                     if link else ""), ""] + TABLE_HEAD + table_rows(r.get("results", []))
+                     if link else ""), ""] + ([r["note"], ""] if r.get("note") else [])
+        lines += TABLE_HEAD + table_rows(r.get("results", []))
     pathlib.Path(path).write_text("\n".join(lines) + "\n")
 
 
