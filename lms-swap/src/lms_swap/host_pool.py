@@ -3,7 +3,6 @@ of any size."""
 
 from __future__ import annotations
 
-import bisect
 import collections
 import contextlib
 import itertools
@@ -14,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .environment import ENV_HOST_LIMIT, MiB, LMSHostMemoryError, _fmt, _host_available
+from .host_ranges import Chunk as _Chunk, FreeRanges
 from .pinned import _PAGE, _releaser, map_host
 
 _ALIGN = 4096       # every range starts on a 4 KiB boundary
@@ -24,26 +24,6 @@ _chunk_ids = itertools.count(1)  # process-wide: the eviction net knows chunks b
 
 def _round_up(n: int, a: int) -> int:
     return (int(n) + a - 1) // a * a
-
-
-class _Chunk:
-    """One pinned mapping.  ``starts``/``ends`` index its free ranges (start -> length,
-    end -> start; neighbours are always merged); ``ranges`` counts the ranges handed out
-    and not yet free again (in use, or waiting for their last copy)."""
-
-    __slots__ = ("id", "buf", "size", "starts", "ends", "ranges", "last_step", "last_time",
-                 "offered")
-
-    def __init__(self, cid: int, buf: torch.Tensor, step: int, now: float) -> None:
-        self.id = cid
-        self.buf = buf
-        self.size = buf.numel()
-        self.starts: Dict[int, int] = {}
-        self.ends: Dict[int, int] = {}
-        self.ranges = 0
-        self.last_step = step
-        self.last_time = now
-        self.offered = False  # idle, and the eviction net's to give back until withdrawn
 
 
 class HostPool:
@@ -145,9 +125,7 @@ class HostPool:
         self._step = 0                 # end_step() calls so far
         self._lock = threading.RLock()
         self._chunks: Dict[int, _Chunk] = {}
-        # (length, chunk id, start) of every free range, sorted: best fit by bisection,
-        # the oldest chunk first among ranges of one length
-        self._index: List[Tuple[int, int, int]] = []
+        self._free = FreeRanges()
         self._live: Dict[int, Tuple[_Chunk, int, int]] = {}  # data_ptr -> chunk, start, length
         # ranges returned whose last copy may still run: (chunk, start, length, event)
         self._cooling: "collections.deque" = collections.deque()
@@ -267,8 +245,8 @@ class HostPool:
                 "host.peak_in_use_bytes": self.peak_in_use,
                 "host.peak_reserved_bytes": self.peak_reserved,
                 "host.blocks": self.blocks,
-                "host.free_ranges": len(self._index),
-                "host.largest_free_bytes": self._index[-1][0] if self._index else 0,
+                "host.free_ranges": len(self._free),
+                "host.largest_free_bytes": self._free.largest(),
                 "host.pool_hits": self.hits,
                 "host.pool_misses": self.misses,
                 "host.evictions": self.evictions,
@@ -352,7 +330,7 @@ class HostPool:
                     left = need
                     got = self._carve(left)  # (waits for cooling ranges before failing)
                     while got is None:
-                        largest = self._index[-1][0] if self._index else 0
+                        largest = self._free.largest()
                         if split and largest >= _MIN_PIECE:
                             got = self._best_fit(largest)  # the whole largest range
                             taken.append((got[0], got[1], largest))
@@ -401,43 +379,23 @@ class HostPool:
         """Carves ``need`` bytes from the smallest free range that has them (the chunk
         then counts the range as handed out: it is not idle)."""
         while True:
-            i = bisect.bisect_left(self._index, (need, -1, -1))
-            if i == len(self._index):
+            found = self._free.smallest(need)
+            if found is None:
                 return None
-            _length, cid, start = self._index[i]
+            cid, start = found
             chunk = self._chunks[cid]
             if not chunk.offered or self._withdraw(chunk):
                 break
             self._forget(chunk)  # the net gave it back meanwhile
-        length = self._drop_free(chunk, start)
+        length = self._free.drop(chunk, start)
         if length > need:  # the rest stays free (its right neighbour is in use)
-            self._add_free(chunk, start + need, length - need)
+            self._free.add(chunk, start + need, length - need)
         chunk.ranges += 1
         return chunk, start
 
-    def _add_free(self, chunk: _Chunk, start: int, length: int) -> None:
-        chunk.starts[start] = length
-        chunk.ends[start + length] = start
-        bisect.insort(self._index, (length, chunk.id, start))
-
-    def _drop_free(self, chunk: _Chunk, start: int) -> int:
-        length = chunk.starts.pop(start)
-        del chunk.ends[start + length]
-        key = (length, chunk.id, start)
-        i = bisect.bisect_left(self._index, key)
-        assert self._index[i] == key, "host pool free index out of sync"
-        del self._index[i]
-        return length
-
     def _put_back(self, chunk: _Chunk, start: int, length: int) -> None:
         """A returned range is free: merged with free neighbours."""
-        prev = chunk.ends.get(start)
-        if prev is not None:
-            length += self._drop_free(chunk, prev)
-            start = prev
-        if start + length in chunk.starts:
-            length += self._drop_free(chunk, start + length)
-        self._add_free(chunk, start, length)
+        self._free.merge(chunk, start, length)
         chunk.ranges -= 1
         if chunk.ranges == 0:
             self._offer(chunk)
@@ -603,7 +561,7 @@ class HostPool:
             self._gave_back_use = None
         chunk = _Chunk(next(_chunk_ids), buf, self._step, now)
         self._chunks[chunk.id] = chunk
-        self._add_free(chunk, 0, length)
+        self._free.add(chunk, 0, length)
         self.reserved += length
         self.blocks += 1
         self.peak_reserved = max(self.peak_reserved, self.reserved)
@@ -611,7 +569,7 @@ class HostPool:
 
     def _unbook(self, chunk: _Chunk) -> None:
         """Takes an idle chunk (one free range, the whole of it) out of the books."""
-        self._drop_free(chunk, 0)
+        self._free.drop(chunk, 0)
         del self._chunks[chunk.id]
         self.reserved -= chunk.size
         self.blocks -= 1
