@@ -77,3 +77,26 @@ def test_a_patched_torch_whose_library_has_no_rule_falls_back(m, env, monkeypatc
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert m.host_budget_source() == env.HOST_BUDGET_LMS_SWAP
     assert m.host_budget_default(10 * GiB) == int(10 * GiB * 0.8)
+
+
+def test_the_pluggable_allocators_lms_shares_one_host_budget(m, env, monkeypatch):
+    """On stock torch with the pluggable allocator installed (lms_swap.allocator.enable hands
+    its LMS over), the swapper's host pool books its pinned chunks against that allocator's
+    budget, as on a patched build: one budget for both layers, not two of 80% each.  Taken
+    away, stock torch again has none."""
+    monkeypatch.delattr(m.torch.cuda, "lms", raising=False)
+    booked = []
+    lms = types.SimpleNamespace(_host_reserve=lambda n: booked.append(n) or True,
+                                _host_release=lambda n: booked.append(-n),
+                                get_limit_lms=lambda: 0)
+    env.use_allocator_lms(lms)
+    try:
+        assert env._allocator_lms() is lms
+        sw = m.ActivationSwapper(device_type="cpu", host_limit=64 * MiB, host_min_available=0)
+        buf = sw.pool.alloc(1 * MiB)
+        assert booked and booked[0] >= 1 * MiB, booked
+        assert sum(booked) == sw.pool.reserved, (booked, sw.pool.reserved)
+        del buf
+    finally:
+        env.use_allocator_lms(None)
+    assert env._allocator_lms() is None

@@ -23,11 +23,13 @@ import os
 import sys
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import allocator_sources, device_memory
+from .environment import use_allocator_lms
 from .net_toolchain import (cached_build, cpu_only_reason, cuda_include_dirs,
                             libstdcxx_link_flags, missing_cuda_headers, nvml_include_dirs)
 
@@ -138,6 +140,11 @@ def enable(settings: Optional[str] = None) -> None:
     # its allocated bytes include pages LMS moved to host, so the swapper keeps the whole
     # allocation within the card and the page moves stay a net
     device_memory.use_counters(mod.device_counts)
+    # one host budget for both layers, as on the patched build (two, each of 80% of the
+    # host, could together take more than the machine has); and its LMS limit
+    use_allocator_lms(SimpleNamespace(_host_reserve=mod.host_reserve,
+                                      _host_release=mod.host_release,
+                                      get_limit_lms=mod.limit))
     _state["installed"] = True
 
 

@@ -192,12 +192,25 @@ def _fmt(n: Optional[float]) -> str:
     return f"{int(n)} B"
 
 
+_pluggable_lms: Any = None  # the pluggable allocator's LMS, once it is installed
+
+
+def use_allocator_lms(lms: Any) -> None:
+    """Makes ``lms`` (``_host_reserve(n) -> bool``, ``_host_release(n)``, ``get_limit_lms()``)
+    the allocator LMS activation swapping shares its host budget and device limit with
+    where this torch has none of its own: the pluggable allocator (``lms_swap.allocator``)
+    installs its own.  None takes it away."""
+    global _pluggable_lms
+    _pluggable_lms = lms
+
+
 def _allocator_lms() -> Any:
-    """``torch.cuda.lms`` on a patched build, else None (never raises)."""
+    """``torch.cuda.lms`` on a patched build, else the installed pluggable allocator's LMS
+    (:func:`use_allocator_lms`), else None (never raises)."""
     mod = getattr(torch.cuda, "lms", None)
     if mod is not None and not callable(mod):
         return mod
     try:
         return importlib.import_module("torch.cuda.lms")
     except Exception:
-        return None
+        return _pluggable_lms

@@ -113,4 +113,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     lms::reset_peak(device);
   });
   m.def("empty_cache", &empty_all);
+  // the host budget activation swapping shares, and the LMS limit it aims under
+  m.def("host_reserve", [](size_t bytes) { return lms::host_reserve(bytes); });
+  m.def("host_release", [](size_t bytes) { lms::host_release(bytes); });
+  m.def("limit", [] { return lms::limit(); });
 }
