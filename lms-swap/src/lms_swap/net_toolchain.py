@@ -53,9 +53,9 @@ def nvml_include_dirs() -> List[str]:
 
 def libstdcxx_link_flags() -> List[str]:
     """Link flags that make a compiled extension use the process's shared ``libstdc++.so.6``.
-    Where the compiler finds no development link ``libstdc++.so`` (a runtime-only image), g++
-    links ``libstdc++.a`` into the extension instead: a second C++ library whose locale is
-    never set up, so the first ``std::ostringstream`` formatting a number crashes."""
+    Without them, g++ 13 on the GPU machine linked a copy of libstdc++ into the extension (no
+    ``libstdc++.so.6`` among its needed libraries), and that copy crashed the process the first
+    time a ``std::ostringstream`` formatted a number."""
     return ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 
 
