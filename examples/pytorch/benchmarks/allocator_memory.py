@@ -12,16 +12,19 @@ def readings(alloc=None) -> dict:
     the installed ``lms_swap.allocator``, or None for the native allocator.  Under it there are
     no retries (its LMS's search is in its own counters: 0 and None), and its bytes are those
     on the device: allocated less the pages LMS moved to host memory, and reserved pages on
-    the device.  ``host_pages_peak``: the most host memory
-    the pluggable allocator's LMS held in pinned pages (0 for the native allocator); those pages
-    are made by the CUDA driver and are not in the process's RSS, so a host figure adds them."""
+    the device.  ``host_pages_peak``: the pinned host pages the pluggable allocator's LMS made
+    (0 for the native allocator), at least the most it held at once: the larger of its pages
+    in use at their peak and its pool now.  The CUDA driver makes them outside the process's
+    RSS, so a host figure adds them.  (Not the host budget's peak: activation swapping books
+    its pinned chunks there too, and those are in the RSS.)"""
     if alloc is not None:
-        ms = alloc.memory_stats()
+        ms, lms = alloc.memory_stats(), alloc.lms_stats()
         return {"allocated": ms["device_allocated_bytes"], "reserved": ms["device_reserved_bytes"],
                 "peak_allocated": ms["peak_device_allocated_bytes"],
                 "peak_reserved": ms["peak_device_reserved_bytes"],
                 "alloc_retries": 0, "sync_all_streams": None,
-                "host_pages_peak": int(alloc.lms_stats().get("host_budget.peak", 0))}
+                "host_pages_peak": max(int(lms.get("host_bytes.peak", 0)),
+                                       int(lms.get("host_pool.total_bytes", 0)))}
     import torch
     ms = torch.cuda.memory_stats()
     return {"allocated": ms.get("allocated_bytes.all.current", 0),
