@@ -140,6 +140,12 @@ class _StepForecast:
             # it fail in 9 of the next 10 steps, each costing a second.)
             bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
             guard = self._guard()
+            st.bwd_measured = None
+            if guard is not None and st.index is not None and st.peak_marked:
+                # backward's own memory by position, for the next backward of this shape
+                st.bwd_measured, st.bwd_lesson = st.bwd.end(
+                    guard.peak_growth(st.index), bwd_evicted, self._device_limit(st))
+                st.peak_marked = False
             if guard is not None and st.index is not None:
                 released = guard.released(st.index)
                 moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
@@ -211,16 +217,24 @@ class _StepForecast:
 
     def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
         """The device allocation at its highest since backward began, and whether that
-        is this backward's own peak.  With the net, exact: the level at backward's start
-        plus the net's running peak since then.  Without it, the program's
+        is this backward's own peak.  With the net, exact: the highest of the net's running
+        peaks over backward's intervals (:class:`~.backward_profile.BackwardProfile`, read
+        where forward began).  Without it, the program's
         ``max_memory_allocated``, which lms_swap must not reset: an older step's peak
         when this one set none, so only an upper bound (a first step at twice the
         memory held a UNet's margin at 28.5 GB for good)."""
-        guard = self._guard()
-        if guard is not None and st.peak_marked:
-            st.peak_marked = False
-            return int(st.fwd_end) + int(guard.peak_growth(st.index)), True
+        if st.bwd_measured is not None:
+            return int(st.bwd_measured), True
         return device_memory.peak_allocated(st.index), False
+
+    def _bwd_boundary(self, st: _DevState, h) -> None:
+        """Backward unpacks swapped tensor ``h``: one interval of backward's memory ends
+        and the next begins (:class:`~.backward_profile.BackwardProfile`)."""
+        guard = self._guard()
+        if guard is None or not st.bwd.recording or h.offset is None or st.index is None:
+            return
+        st.bwd.boundary(h.offset, guard.peak_growth(st.index), self._allocated(st))
+        guard.mark_peak(st.index)
 
     def _forward_peak_over(self, st: _DevState) -> Optional[int]:
         """How far this forward's peak went over what the allocator can have (negative:
@@ -276,6 +290,7 @@ class _StepForecast:
                 if guard is not None:
                     guard.mark_peak(st.index)
                     st.peak_marked = True
+                    st.bwd.begin(st.fwd_end)
                 else:
                     # without the net: the program's peak so far, which the next
                     # forward compares backward's against (_backward_peak)

@@ -17,7 +17,8 @@ bytes the new shape adds or lacks: what must be swapped is what is saved less th
 device has, and the room does not scale (on the H100 a decoder at 2.0x whose first step of
 1792 tokens started from the 1536-token plan scaled by 7/6, 33.6 GB, needed 46.3 GB, and the
 net moved 3 GB synchronously).  Its own step then teaches it.  Lessons are never carried
-from one shape to another unscaled.
+from one shape to another unscaled; what backward's memory did position by position
+(:mod:`.backward_profile`) is kept for its exact shape only.
 
 What a step finds on the device before it saves anything (parameters, optimizer state,
 gradients left from the step before when an evaluation pass with autograd on comes between
@@ -39,6 +40,9 @@ __all__ = ["ShapeProfiles", "signature"]
 _SCALED = ("plan", "prev_saved", "largest")
 _SCALED_LISTS = ("prev_off", "prev_growth")
 _KEPT = ("k", "taught_base")
+# what holds for this exact shape only (backward's memory by position): not scaled, not
+# carried to another shape
+_EXACT_ONLY = ("bwd_lesson",)
 
 
 def signature(t: Any) -> Tuple[Tuple[int, ...], str]:
@@ -71,6 +75,7 @@ class ShapeProfiles:
             return
         self._by_sig.pop(st.sig, None)  # (re-inserted last: the most recent is kept)
         prof = {f: getattr(st, f) for f in _SCALED + _KEPT}
+        prof.update({f: getattr(st, f, None) for f in _EXACT_ONLY})
         prof.update({f: list(getattr(st, f)) for f in _SCALED_LISTS})
         self._by_sig[st.sig] = prof
         while len(self._by_sig) > self._limit:
@@ -105,6 +110,8 @@ class ShapeProfiles:
             setattr(st, f, [int(v * ratio) for v in prof[f]])
         for f in _KEPT:
             setattr(st, f, prof[f])
+        for f in _EXACT_ONLY:
+            setattr(st, f, prof.get(f) if how == "exact" else None)
         if how == "exact":
             self.exact += 1
         else:

@@ -9,6 +9,7 @@ from typing import Any, List, Optional
 
 import torch
 
+from .backward_profile import BackwardLesson, BackwardProfile
 from .profiles import ShapeProfiles
 
 
@@ -18,7 +19,7 @@ class _Swapped:
     __slots__ = (
         "owner", "nbytes", "size", "stride", "dtype", "device", "host",
         "d2h_event", "gpu", "gpu_stream", "h2d_event", "refs", "unpacks", "index",
-        "version_of", "version", "pass_id", "slot", "__weakref__",
+        "version_of", "version", "pass_id", "slot", "offset", "ahead", "__weakref__",
     )
 
     @classmethod
@@ -33,6 +34,8 @@ class _Swapped:
         h.size, h.stride, h.dtype, h.device = t.size(), t.stride(), t.dtype, t.device
         h.d2h_event = h.gpu = h.gpu_stream = h.h2d_event = None
         h.refs, h.unpacks, h.pass_id, h.index = 1, 0, -1, None
+        h.offset = None   # bytes its forward had saved before it (swapped tensors)
+        h.ahead = False   # fetched by prefetching and not yet unpacked
         h.version = t._version
         h.version_of = _version_alias(t)
         return h
@@ -103,7 +106,7 @@ class _DevState:
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
         "seen", "sig", "profiles", "plan_before", "kept_movable", "step_base",
-        "taught_base", "base_extra",
+        "taught_base", "base_extra", "bwd", "bwd_lesson", "bwd_measured",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -155,3 +158,8 @@ class _DevState:
         self.step_base = 0
         self.taught_base: Optional[int] = None
         self.base_extra = 0
+        # backward's own memory by position: the one under way, the last one's lesson
+        # (kept per shape), and the last one's peak as measured
+        self.bwd = BackwardProfile()
+        self.bwd_lesson: Optional[BackwardLesson] = None
+        self.bwd_measured: Optional[int] = None

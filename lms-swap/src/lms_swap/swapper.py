@@ -265,7 +265,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             }
             out["swap.throttle_wait_ms"] = int(self.throttle_s * 1000)
             for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
-                        "kept_bytes", "small_count", "dedupe_hits", "prefetched",
+                        "kept_bytes", "small_count", "dedupe_hits", "prefetched", "prefetched_by_lesson",
                         "prefetch_hits", "fetched_on_demand", "memory_queries",
                         "planned_count", "reactive_count", "throttle_waits", "inflight_bounded",
                         "tail_kept", "predicted_kept", "host_full_kept",
@@ -281,6 +281,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                     self._prefetch_reserve(st) if st.largest else None)
                 out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
                 out[f"policy.{tag}.backward_peak_bytes"] = st.bwd_peak
+                out[f"policy.{tag}.backward_lesson_pad_bytes"] = st.bwd.pad
                 out[f"policy.{tag}.step_base_bytes"] = st.step_base
                 out[f"policy.{tag}.base_extra_bytes"] = st.base_extra
             if self._pool is not None:
@@ -539,6 +540,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                   wait: bool = True) -> Optional[_Swapped]:
         pieces = self.pool.alloc_pieces(nbytes)  # may raise LMSHostMemoryError
         h = _Swapped.of(self, t, nbytes, host=pieces)
+        h.offset = st.saved - nbytes  # (_decide counted it already)
         src = _flat_bytes(t)
         if st.index is None:
             _copy_into_pieces(pieces, src, non_blocking=False)
@@ -601,6 +603,10 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             if self._phase == "fwd":
                 self._begin_backward()
             st = self._dev[h.device.index if h.device.type == "cuda" else None]
+            if h.ahead:
+                h.ahead = False
+                st.bwd.consumed(h.nbytes)
+            self._bwd_boundary(st, h)
             if h.gpu is None:
                 t = self._fetch(st, h)
                 self.c["fetched_on_demand" if h.slot is None else "guard_fetched"] += 1
@@ -625,6 +631,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                     st.cursor = h.index
                 if self.config.prefetch_depth > 0:
                     self._prefetch(st, h.index, h.device)
+            st.bwd.settle()
             if self.config.trace:
                 self._record_trace(st, "in")
         _check_version(h)
@@ -680,7 +687,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         j = min(start, len(order)) - 1
         count = 0
         free = None
-        fetched = 0
+        old_free = fetched = 0
         limit = self._device_limit(st)
         while j >= 0 and count < depth:
             c = order[j]()
@@ -700,16 +707,32 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                     # prefetching went (a margin that fed on its own prefetching stayed
                     # at 17 GB for a GPT-2 that needed less, on the H100)
                     ceiling = min(ceiling, st.fwd_end)
-                free = ceiling - self._allocated(st)
+                alloc = self._allocated(st)
+                free = old_free = ceiling - alloc
+                if self.config.policy == "auto" and st.bwd.recording:
+                    # past backward's peak, by what the last backward of this shape did
+                    room = st.bwd.room(st.bwd_lesson, limit, alloc)
+                    if room is not None and room > free:
+                        free = room
             if fetched + c.nbytes > free:
                 self.c["prefetch_deferred"] += 1
                 break
             self._fetch(st, c)
+            c.ahead = True
+            st.bwd.prefetched(c.nbytes)
             fetched += c.nbytes
             self.c["prefetched"] += 1
+            if fetched > old_free:
+                st.bwd.used = True
+                self.c["prefetched_by_lesson"] += 1
 
     # -- release -----------------------------------------------------------------------
     def _release(self, h: _Swapped) -> None:
+        if h.ahead:  # prefetched, never used
+            h.ahead = False
+            st = self._dev.get(h.device.index if h.device.type == "cuda" else None)
+            if st is not None:
+                st.bwd.consumed(h.nbytes)
         host, h.host = h.host, None
         ev = h.h2d_event if h.h2d_event is not None else h.d2h_event
         if h.gpu is not None and h.h2d_event is not None and h.gpu_stream is not None:

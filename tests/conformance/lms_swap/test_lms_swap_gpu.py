@@ -7,8 +7,11 @@ Run on the GPU machine:  python -m pytest -m gpu tests/conformance/lms_swap -v
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import sys
 import threading
+import weakref
 
 import pytest
 
@@ -286,6 +289,56 @@ def _settle():
     torch.cuda.empty_cache()
 
 
+def _module_call_outlives_itself(keep=None) -> bool:
+    """Whether the output of an ``nn.Module`` call, dropped at once, is still alive: the
+    frames of the finished call hold it (``keep``: a list the call's frame is put in, which
+    keeps it, as the test of this probe does)."""
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            if keep is not None:
+                keep.append(sys._getframe())
+            return x * 2
+
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    out = weakref.ref(Probe()(x))
+    gc.collect()
+    return out() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _stock_keeps_finished_module_calls() -> bool:
+    """Whether this process keeps the frames of ``nn.Module`` calls alive after they
+    returned, with the tensors their locals hold (and through them a graph), with no
+    lms_swap in play.  Stock torch 2.11 does under compute-sanitizer memcheck on the H100,
+    and does not without it: three failed steps of a small CNN with no swapper left 97
+    module frames, 18 graph tensors and 680 MB allocated under memcheck, none without.
+    There a failed step's graph outlives the step whatever a saved-tensor hook does, so a
+    leak of ours cannot be told apart from stock's: the leak checks run in the suite
+    without the tool."""
+    return _module_call_outlives_itself()
+
+
+def _leak_checks_apply() -> bool:
+    if _stock_keeps_finished_module_calls():
+        print("leak checks left out: stock torch keeps finished nn.Module calls' frames "
+              "alive in this process (as under compute-sanitizer memcheck)")
+        return False
+    return True
+
+
+def test_the_leak_probe_sees_a_kept_call_and_nothing_else(cuda_clean):
+    """The probe the leak tests lean on: it sees a call whose frame is kept, and in a
+    plain process (no compute-sanitizer) it sees nothing, so the leak checks run there."""
+    kept = []
+    assert _module_call_outlives_itself(keep=kept)
+    kept.clear()
+    gc.collect()
+    if _stock_keeps_finished_module_calls():
+        pytest.skip("this process keeps finished module calls alive (compute-sanitizer)")
+    assert not _module_call_outlives_itself()
+
+
 def test_exception_mid_forward_leaks_nothing(lms_swap, cuda_clean):
     sw = _swapper(lms_swap, policy="always")
     model = _net()
@@ -309,9 +362,11 @@ def test_exception_mid_forward_leaks_nothing(lms_swap, cuda_clean):
     dev0 = torch.cuda.memory_allocated()
     for _ in range(3):
         attempt()
-    assert torch.cuda.memory_allocated() <= dev0, "device memory leaked by failed steps"
     s = sw.stats()
-    assert s["swap.out_count"] > 0 and s["host.in_use_bytes"] == 0
+    assert s["swap.out_count"] > 0
+    if _leak_checks_apply():
+        assert torch.cuda.memory_allocated() <= dev0, "device memory leaked by failed steps"
+        assert s["host.in_use_bytes"] == 0
     # and a normal step still works afterwards, bitwise equal to stock
     ref = _step(_net(), x, y, contextlib.nullcontext)
     out = _step(_net(), x, y, lambda: sw)
@@ -347,9 +402,11 @@ def test_exception_in_backward_leaks_nothing(lms_swap, cuda_clean):
     dev0 = torch.cuda.memory_allocated()
     attempt()
     attempt()
-    assert torch.cuda.memory_allocated() <= dev0
     s = sw.stats()
-    assert s["swap.out_count"] > 0 and s["host.in_use_bytes"] == 0
+    assert s["swap.out_count"] > 0
+    if _leak_checks_apply():
+        assert torch.cuda.memory_allocated() <= dev0
+        assert s["host.in_use_bytes"] == 0
 
 
 def test_host_limit_error_is_clear_and_clean(lms_swap, cuda_clean):
@@ -364,7 +421,9 @@ def test_host_limit_error_is_clear_and_clean(lms_swap, cuda_clean):
     del ei
     gc.collect()
     s = sw.stats()
-    assert s["host.in_use_bytes"] == 0 and s["host.reserved_bytes"] <= 8 * MiB
+    assert s["host.reserved_bytes"] <= 8 * MiB
+    if _leak_checks_apply():
+        assert s["host.in_use_bytes"] == 0
 
 
 def test_host_pool_holds_what_was_in_use_and_is_reused(lms_swap, cuda_clean):

@@ -1,0 +1,137 @@
+"""What a backward pass's own memory did, position by position, and how far prefetching may
+fill the device at each position of the next backward of the same shape.
+
+Prefetching must leave room for what backward itself will still allocate.  Before a lesson
+exists the swapper keeps, for the whole of backward, the margin (backward's peak need over
+forward's end) and never fills past forward's end.  Where backward's peak comes first (a
+language model's loss: the gradient of fp32 logits larger than every saved tensor), that
+room is kept long after the peak has passed, and every swapped tensor comes back on demand:
+a checkpointed decoder at twice stock's batch on the H100 fetched all 21 of its swapped
+tensors on demand, with prefetching blocked from backward's first op.
+
+A backward is cut into intervals at each unpack of a swapped tensor.  Each interval keeps
+its start (the saved tensor's forward offset: bytes saved before it, the same in every step
+of a shape whatever was swapped), the device allocation there and its own peak, both less
+the bytes prefetched and not yet used (so they measure backward's own need, not how far
+prefetching went).  The lesson is, per offset, the highest own level over the rest of
+backward: absolute, and as growth over the level where the interval began.  The next
+backward may fill the device while its allocation, plus what its own need will still grow
+by (the larger of the two forecasts), stays under the limit less a pad and under the last
+backward's peak, so that the margin, which is learned from that peak, is not fed by
+prefetching.  A backward in which the eviction net had to move memory teaches nothing and
+doubles the pad where the lesson was in use.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import List, NamedTuple, Optional
+
+__all__ = ["BackwardLesson", "BackwardProfile"]
+
+START = float("inf")  # the interval from backward's start to its first swapped unpack
+MiB = 1 << 20
+
+
+class BackwardLesson(NamedTuple):
+    keys: List[float]      # interval starts (forward offsets), ascending
+    growth: List[int]      # own peak over the rest of backward less the own level there
+    rest_peak: List[int]   # own peak over the rest of backward (absolute)
+    top: int               # backward's peak as measured (prefetched bytes included)
+
+    def at(self, key: float) -> tuple:
+        """(growth, rest_peak) of the interval under way at ``key``: the one that began
+        at the smallest offset not below it (backward visits offsets downwards)."""
+        i = bisect.bisect_left(self.keys, key)
+        i = min(i, len(self.keys) - 1)
+        return self.growth[i], self.rest_peak[i]
+
+
+class BackwardProfile:
+    """Records one backward's intervals; learns a :class:`BackwardLesson` at its end."""
+
+    def __init__(self) -> None:
+        self.ahead = 0          # bytes prefetched and not yet unpacked
+        self.pad: Optional[int] = None  # kept free under the limit by the lesson's rule
+        self.used = False       # this backward prefetched further than the old rule
+        self.key = START
+        self._recs: List[list] = []  # [key, own level at start, own peak or None]
+        self._level = 0         # allocation where the running peak was last marked
+        self._ahead_at_mark = 0
+        self._peak = 0
+
+    # -- recording ------------------------------------------------------------------
+    def begin(self, level: int) -> None:
+        """Backward starts at ``level`` bytes allocated (the running peak is marked)."""
+        self.ahead = 0
+        self.used = False
+        self.key = START
+        self._recs = [[START, int(level), None]]
+        self._level = self._peak = int(level)
+        self._ahead_at_mark = 0
+
+    @property
+    def recording(self) -> bool:
+        return bool(self._recs)
+
+    def _close(self, growth: int) -> None:
+        peak = self._level + max(0, int(growth))
+        self._peak = max(self._peak, peak)
+        self._recs[-1][2] = peak - self._ahead_at_mark
+
+    def boundary(self, key: int, growth: int, level: int) -> None:
+        """A swapped tensor saved at forward offset ``key`` is unpacked: the interval
+        under way ends (its peak is the level at its mark plus ``growth``, the running
+        peak's growth since), the next begins at ``level`` (the running peak is marked
+        again by the caller)."""
+        if not self._recs:
+            return
+        self._close(growth)
+        self._recs.append([int(key), int(level) - self.ahead, None])
+        self._level = int(level)
+        self._ahead_at_mark = self.ahead
+        self.key = int(key)
+
+    def prefetched(self, nbytes: int) -> None:
+        self.ahead += int(nbytes)
+
+    def consumed(self, nbytes: int) -> None:
+        """Prefetched bytes were unpacked, or dropped unused."""
+        self.ahead = max(0, self.ahead - int(nbytes))
+
+    def settle(self) -> None:
+        """Prefetching at a boundary is done: what it brought is the interval's too."""
+        self._ahead_at_mark = self.ahead
+
+    def end(self, growth: int, evicted: int, limit: int) -> tuple:
+        """Backward ended (``growth``: the running peak's since the last mark; ``evicted``:
+        bytes the eviction net moved in it).  Returns (its peak, the lesson or None)."""
+        if not self._recs:
+            return None, None
+        self._close(growth)
+        recs, self._recs = self._recs, []
+        if evicted > 0:
+            if self.used:
+                floor = max(256 * MiB, int(limit) // 64)
+                self.pad = min(int(limit) // 8, 2 * (self.pad or floor))
+            return self._peak, None
+        by_key = {}
+        rest = None
+        for key, start, peak in reversed(recs):
+            rest = peak if rest is None else max(rest, peak)
+            g, r = by_key.get(key, (0, 0))
+            by_key[key] = (max(g, rest - start), max(r, rest))
+        keys = sorted(by_key)
+        return self._peak, BackwardLesson(keys, [by_key[k][0] for k in keys],
+                                          [by_key[k][1] for k in keys], int(self._peak))
+
+    # -- use --------------------------------------------------------------------------
+    def room(self, lesson: Optional[BackwardLesson], limit: int, allocated: int) -> Optional[int]:
+        """Bytes prefetching may still bring back now by ``lesson`` (None: no lesson)."""
+        if lesson is None:
+            return None
+        pad = self.pad if self.pad is not None else max(256 * MiB, int(limit) // 64)
+        growth, rest_peak = lesson.at(self.key)
+        own = int(allocated) - self.ahead
+        need = max(own + growth, rest_peak)
+        return min(int(limit) - pad, lesson.top) - need - self.ahead
