@@ -709,7 +709,8 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                     ceiling = min(ceiling, st.fwd_end)
                 alloc = self._allocated(st)
                 free = old_free = ceiling - alloc
-                if self.config.policy == "auto" and st.bwd.recording:
+                if (self.config.policy == "auto" and self.config.prefetch_past_peak
+                        and st.bwd.recording):
                     # past backward's peak, by what the last backward of this shape did
                     room = st.bwd.room(st.bwd_lesson, limit, alloc)
                     if room is not None and room > free:
