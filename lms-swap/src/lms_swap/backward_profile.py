@@ -126,11 +126,16 @@ class BackwardProfile:
                                           [by_key[k][1] for k in keys], int(self._peak))
 
     # -- use --------------------------------------------------------------------------
-    def room(self, lesson: Optional[BackwardLesson], limit: int, allocated: int) -> Optional[int]:
-        """Bytes prefetching may still bring back now by ``lesson`` (None: no lesson)."""
+    def room(self, lesson: Optional[BackwardLesson], limit: int, allocated: int,
+             reserve: int = 0) -> Optional[int]:
+        """Bytes prefetching may still bring back now by ``lesson`` (None: no lesson),
+        keeping at least ``reserve`` free under the limit (the caller's: a multiple of
+        the largest swapped tensor still to come back, whose own allocations the
+        lesson's intervals may have missed between two reads)."""
         if lesson is None:
             return None
         pad = self.pad if self.pad is not None else max(256 * MiB, int(limit) // 64)
+        pad = max(pad, int(reserve))
         growth, rest_peak = lesson.at(self.key)
         own = int(allocated) - self.ahead
         need = max(own + growth, rest_peak)

@@ -33,6 +33,17 @@ def _allocator_cap(index: int, total: int) -> int:
     return int(total * frac) if 0.0 < frac < 1.0 else total
 
 
+def _running_max(order: list) -> list:
+    """Per position of the swap order, the largest swapped tensor at or below it."""
+    out, top = [], 0
+    for r in order:
+        h = r()
+        if h is not None and h.nbytes > top:
+            top = h.nbytes
+        out.append(top)
+    return out
+
+
 class _StepForecast:
     """Limits, margin, plan and prefetch headroom, learned between steps."""
 
@@ -141,6 +152,11 @@ class _StepForecast:
             bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
             guard = self._guard()
             st.bwd_measured = None
+            # the net had to help a backward that prefetched by the lesson: the lesson
+            # was wrong, not the margin (its peak counts the prefetched bytes)
+            overrun = bwd_evicted > 0 and st.bwd.used
+            if overrun:
+                self.c["prefetch_lesson_overruns"] += 1
             if guard is not None and st.index is not None and st.peak_marked:
                 # backward's own memory by position, for the next backward of this shape
                 st.bwd_measured, st.bwd_lesson = st.bwd.end(
@@ -162,7 +178,8 @@ class _StepForecast:
                 st.released_seen = released
             st.plan_before = None
             if (st.index is not None and st.fwd_end is not None and st.largest
-                    and self.config.adaptive_margin and self.config.margin is None):
+                    and self.config.adaptive_margin and self.config.margin is None
+                    and not overrun):
                 peak, exact = self._backward_peak(st)
                 st.bwd_peak = peak + bwd_evicted
                 before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
@@ -282,6 +299,7 @@ class _StepForecast:
             # the net's evictions in forward were swaps the forecast should have planned
             fwd_evicted = st.fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
             st.cursor = len(st.order)
+            st.order_max = _running_max(st.order)
             st.prev_saved = st.saved
             if st.index is not None and self.config.policy == "auto":
                 st.fwd_end = self._allocated(st)

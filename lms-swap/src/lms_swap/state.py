@@ -106,7 +106,7 @@ class _DevState:
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
         "seen", "sig", "profiles", "plan_before", "kept_movable", "step_base",
-        "taught_base", "base_extra", "bwd", "bwd_lesson", "bwd_measured",
+        "taught_base", "base_extra", "bwd", "bwd_lesson", "bwd_measured", "order_max",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -163,3 +163,4 @@ class _DevState:
         self.bwd = BackwardProfile()
         self.bwd_lesson: Optional[BackwardLesson] = None
         self.bwd_measured: Optional[int] = None
+        self.order_max: List[int] = []  # largest swapped tensor at or below each position

@@ -712,7 +712,10 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                 if (self.config.policy == "auto" and self.config.prefetch_past_peak
                         and st.bwd.recording):
                     # past backward's peak, by what the last backward of this shape did
-                    room = st.bwd.room(st.bwd_lesson, limit, alloc)
+                    pos = min(start, len(st.order_max)) - 1
+                    ahead = st.order_max[pos] if pos >= 0 else 0
+                    room = st.bwd.room(st.bwd_lesson, limit, alloc,
+                                       int(self._reserve_factor(st) * ahead))
                     if room is not None and room > free:
                         free = room
             if fetched + c.nbytes > free:
