@@ -290,9 +290,10 @@ def _settle():
 
 
 def _module_call_outlives_itself(keep=None) -> bool:
-    """Whether the output of an ``nn.Module`` call, dropped at once, is still alive: the
-    frames of the finished call hold it (``keep``: a list the call's frame is put in, which
-    keeps it, as the test of this probe does)."""
+    """Whether the input of an ``nn.Module`` call, a tensor with a history that nothing else
+    holds once the call returned, is still alive: the frames of the finished call hold it
+    (``keep``: a list the call's frame is put in, which keeps it, as the test of this
+    probe does)."""
 
     class Probe(nn.Module):
         def forward(self, x):
@@ -300,10 +301,12 @@ def _module_call_outlives_itself(keep=None) -> bool:
                 keep.append(sys._getframe())
             return x * 2
 
-    x = torch.ones(4, device="cuda", requires_grad=True)
-    out = weakref.ref(Probe()(x))
+    x = torch.ones(4, device="cuda", requires_grad=True) * 1
+    held = weakref.ref(x)
+    Probe()(x)
+    del x
     gc.collect()
-    return out() is not None
+    return held() is not None
 
 
 @functools.lru_cache(maxsize=None)
