@@ -101,3 +101,16 @@ def test_a_lesson_is_kept_for_its_exact_shape_only(m):
     assert st.bwd_lesson is None
     assert profiles.enter(st, ((4, 128), "torch.int64")) == "exact"
     assert st.bwd_lesson == "lesson of 4x128"
+
+
+def test_the_callers_reserve_widens_the_pad(bp):
+    """The swapper asks for 1.5x the largest swapped tensor still to come back: where that
+    is more than the pad, the room shrinks by the difference."""
+    prof = bp.BackwardProfile()
+    _, lesson = _loss_first_backward(prof)
+    high = lesson._replace(top=LIMIT)
+    prof.begin(9 * GiB)
+    prof.boundary(20 * GiB, 0, 12 * GiB)
+    assert prof.room(high, LIMIT, 12 * GiB, reserve=6 * GiB) == LIMIT - 6 * GiB - 14 * GiB
+    small = prof.room(high, LIMIT, 12 * GiB, reserve=1)
+    assert small == prof.room(high, LIMIT, 12 * GiB)
