@@ -265,8 +265,8 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             }
             out["swap.throttle_wait_ms"] = int(self.throttle_s * 1000)
             for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
-                        "kept_bytes", "small_count", "dedupe_hits", "prefetched", "prefetched_by_lesson",
-                        "prefetch_hits", "fetched_on_demand", "memory_queries",
+                        "kept_bytes", "small_count", "dedupe_hits", "prefetched",
+                        "prefetched_by_lesson", "prefetch_hits", "fetched_on_demand", "memory_queries",
                         "planned_count", "reactive_count", "throttle_waits", "inflight_bounded",
                         "tail_kept", "predicted_kept", "host_full_kept",
                         "guard_fetched", "guard_forward_bytes", "guard_backward_bytes"):
