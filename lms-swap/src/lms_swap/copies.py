@@ -4,8 +4,9 @@ that the memory they still hold leaves room for the next allocation)."""
 
 from __future__ import annotations
 
+import collections
 import time
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -13,15 +14,30 @@ from .policy import inflight_room
 from .state import _DevState
 
 
-class _CopyPacing:
-    """Part of :class:`~.swapper.ActivationSwapper`: how far forward's copies to the host may
-    run behind it.  Uses the swapper's ``config``, ``c`` (counters), ``throttle_s``,
-    ``_pass_id``, ``_device_limit`` and ``_allocated``."""
+class CopyPacer:
+    """How far forward's copies to the host may run behind it, for the swapper that owns it:
+    ``config`` (its tunables), ``limit_of(st)`` and ``allocated_of(st)`` (the device limit it
+    aims under and a reading of the allocation), ``pass_id()`` (the backward passes so far).
+    Counts its waits in ``counts`` (``throttle_waits``, ``inflight_bounded``) and the time
+    they took in ``throttle_s``."""
 
-    def _inflight_allowance(self, st: _DevState) -> int:
+    def __init__(self, config: Any, limit_of: Callable[[_DevState], int],
+                 allocated_of: Callable[[_DevState], int],
+                 pass_id: Callable[[], int]) -> None:
+        self.config = config
+        self._limit_of = limit_of
+        self._allocated_of = allocated_of
+        self._pass_id = pass_id
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+        self.throttle_s = 0.0
+
+    def _allowance(self, st: _DevState) -> int:
         return max(int(self.config.max_inflight_bytes), st.largest)
 
-    def _bound_inflight(self, st: _DevState, nbytes: int) -> None:
+    def bound(self, st: _DevState, nbytes: int) -> None:
         """Keeps the device memory of tensors waiting for their copy out, with the
         allocation, under the limit less room for the next allocation (the largest
         saved tensor): waits for the oldest copies first, as few as needed.  Checked at
@@ -38,12 +54,12 @@ class _CopyPacing:
         compute and copies side by side."""
         if st.index is None:
             return
-        self._drain(st, wait=False)
+        self.drain(st, wait=False)
         if not st.inflight:
             return
-        limit, largest = self._device_limit(st), st.largest
+        limit, largest = self._limit_of(st), st.largest
         seen = st.seen
-        if seen is not None and seen[0] == self._pass_id and st.saved >= seen[2]:
+        if seen is not None and seen[0] == self._pass_id() and st.saved >= seen[2]:
             # the last reading plus every byte saved since, and one more tensor (the
             # output of the op that saved this one, not saved yet), without a query
             # while that leaves room (memory_allocated builds the allocator's whole
@@ -51,16 +67,16 @@ class _CopyPacing:
             est = seen[1] + st.saved - seen[2] + largest
             if st.inflight_bytes <= inflight_room(limit, largest, est, nbytes):
                 return
-        room = inflight_room(limit, largest, self._allocated(st), nbytes)
+        room = inflight_room(limit, largest, self._allocated_of(st), nbytes)
         if st.inflight_bytes > room:
-            self.c["inflight_bounded"] += 1
-            self._drain(st, wait=True, allowance=max(nbytes, room))
+            self.counts["inflight_bounded"] += 1
+            self.drain(st, wait=True, allowance=max(nbytes, room))
 
-    def _drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
+    def drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
         """Forget finished device->host copies; with ``wait``, block until not more
         than the in-flight allowance is waiting."""
         if allowance is None:
-            allowance = self._inflight_allowance(st)
+            allowance = self._allowance(st)
         while st.inflight:
             ev, n = st.inflight[0]
             if not ev.query():
@@ -69,7 +85,7 @@ class _CopyPacing:
                 t0 = time.perf_counter()
                 ev.synchronize()
                 self.throttle_s += time.perf_counter() - t0
-                self.c["throttle_waits"] += 1
+                self.counts["throttle_waits"] += 1
             st.inflight.popleft()
             st.inflight_bytes -= n
 

@@ -333,4 +333,4 @@ class _StepForecast:
                                          max(256 * MiB, self._device_limit(st) // 128),
                                          peak_over)
                     st.plan = int(damped(plan, st.plan or None))
-            self._drain(st, wait=False)
+            self._pacer.drain(st, wait=False)

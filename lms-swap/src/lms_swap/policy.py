@@ -173,7 +173,7 @@ def swap_trigger(device_limit: int, margin: int) -> int:
     """Device bytes allocated above which forward swaps what it saves: the limit less
     the room backward needs on top of what forward leaves (``margin``).  Tensors that
     wait for their copy to the host are bounded separately (the swapper's
-    ``_bound_inflight``: forward waits for the oldest copies beyond the limit)."""
+    ``CopyPacer.bound``: forward waits for the oldest copies beyond the limit)."""
     return int(device_limit) - int(margin)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from . import device_memory
 from .chunked_loss import MIN_BYTES, LossPatch, hand_over
-from .copies import (_CopyPacing, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
+from .copies import (CopyPacer, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
                      _plain_bytes)
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
                           _host_total, host_budget_default, host_mem_limit_from_env)
@@ -68,7 +68,7 @@ def _in_compiled_graph(tb: Any) -> bool:
     return False
 
 
-class ActivationSwapper(_StepForecast, _CopyPacing):
+class ActivationSwapper(_StepForecast):
     """Saved-tensor hooks that swap activations to host memory under pressure.
 
     An instance is a context manager (like ``save_on_cpu``)::
@@ -98,6 +98,8 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
         self._trace: List[tuple] = []
         self._t0 = time.perf_counter()
         self._tls = threading.local()  # per-thread stack of entered hooks
+        self._pacer = CopyPacer(self.config, self._device_limit, self._allocated,
+                                lambda: self._pass_id)
         self._reset_counters()
 
     # -- configuration -------------------------------------------------------------
@@ -256,14 +258,16 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
     # -- statistics ----------------------------------------------------------------
     def _reset_counters(self) -> None:
         self.c = collections.Counter()
-        self.throttle_s = 0.0
+        self._pacer.reset()
 
     def stats(self) -> Dict[str, Any]:
         with self._lock:
+            counts = collections.Counter(self.c)
+            counts.update(self._pacer.counts)
             out: Dict[str, Any] = {
-                "swap." + k: v for k, v in sorted(self.c.items())
+                "swap." + k: v for k, v in sorted(counts.items())
             }
-            out["swap.throttle_wait_ms"] = int(self.throttle_s * 1000)
+            out["swap.throttle_wait_ms"] = int(self._pacer.throttle_s * 1000)
             for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
                         "kept_bytes", "small_count", "dedupe_hits", "prefetched",
                         "prefetched_by_lesson", "prefetch_hits", "fetched_on_demand", "memory_queries",
@@ -401,7 +405,7 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
                 self.c["kept_bytes"] += nbytes
                 # a kept tensor takes memory as well: once the plan is done, the rest of
                 # forward fills the device while the copies of the plan still run
-                self._bound_inflight(st, 0)
+                self._pacer.bound(st, 0)
                 if eligible and st.index is not None:
                     h = self._keep_evictable(t, nbytes)
                     if h is not None:
@@ -560,10 +564,10 @@ class ActivationSwapper(_StepForecast, _CopyPacing):
             if wait and self.config.policy == "auto":
                 # under pressure: let no earlier copy wait, so the device allocation
                 # never goes more than this tensor over the trigger
-                self._drain(st, wait=True, allowance=nbytes)
+                self._pacer.drain(st, wait=True, allowance=nbytes)
             else:
-                self._drain(st, wait=wait)
-        self._bound_inflight(st, nbytes)
+                self._pacer.drain(st, wait=wait)
+        self._pacer.bound(st, nbytes)
         h.index = len(st.order)
         st.order.append(weakref.ref(h))
         st.swapped_in_fwd += 1
