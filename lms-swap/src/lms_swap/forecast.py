@@ -151,7 +151,7 @@ class _StepForecast:
             # it fail in 9 of the next 10 steps, each costing a second.)
             bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
             guard = self._guard()
-            st.bwd_measured = None
+            measured = None
             # the net had to help a backward that prefetched by the lesson: the lesson
             # was wrong, not the margin (its peak counts the prefetched bytes)
             overrun = bwd_evicted > 0 and st.bwd.used
@@ -159,7 +159,7 @@ class _StepForecast:
                 self.c["prefetch_lesson_overruns"] += 1
             if guard is not None and st.index is not None and st.peak_marked:
                 # backward's own memory by position, for the next backward of this shape
-                st.bwd_measured, st.bwd_lesson = st.bwd.end(
+                measured, st.bwd_lesson = st.bwd.end(
                     guard.peak_growth(st.index), bwd_evicted, self._device_limit(st))
                 st.peak_marked = False
             if guard is not None and st.index is not None:
@@ -180,7 +180,10 @@ class _StepForecast:
             if (st.index is not None and st.fwd_end is not None and st.largest
                     and self.config.adaptive_margin and self.config.margin is None
                     and not overrun):
-                peak, exact = self._backward_peak(st)
+                # with the net, exact: the highest of its running peaks over backward's
+                # intervals (BackwardProfile.end above)
+                peak, exact = ((int(measured), True) if measured is not None
+                               else self._backward_peak(st))
                 st.bwd_peak = peak + bwd_evicted
                 before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
                 old_k = st.k
@@ -233,15 +236,10 @@ class _StepForecast:
                 self.c["plan_base_raises"] += 1
 
     def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
-        """The device allocation at its highest since backward began, and whether that
-        is this backward's own peak.  With the net, exact: the highest of the net's running
-        peaks over backward's intervals (:class:`~.backward_profile.BackwardProfile`, read
-        where forward began).  Without it, the program's
+        """Backward's peak where the net did not measure it: the program's
         ``max_memory_allocated``, which lms_swap must not reset: an older step's peak
         when this one set none, so only an upper bound (a first step at twice the
         memory held a UNet's margin at 28.5 GB for good)."""
-        if st.bwd_measured is not None:
-            return int(st.bwd_measured), True
         return device_memory.peak_allocated(st.index), False
 
     def _bwd_boundary(self, st: _DevState, h) -> None:

@@ -106,7 +106,7 @@ class _DevState:
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
         "seen", "sig", "profiles", "plan_before", "kept_movable", "step_base",
-        "taught_base", "base_extra", "bwd", "bwd_lesson", "bwd_measured", "order_max",
+        "taught_base", "base_extra", "bwd", "bwd_lesson", "order_max",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -158,9 +158,8 @@ class _DevState:
         self.step_base = 0
         self.taught_base: Optional[int] = None
         self.base_extra = 0
-        # backward's own memory by position: the one under way, the last one's lesson
-        # (kept per shape), and the last one's peak as measured
+        # backward's own memory by position: the one under way, and the last one's
+        # lesson (kept per shape)
         self.bwd = BackwardProfile()
         self.bwd_lesson: Optional[BackwardLesson] = None
-        self.bwd_measured: Optional[int] = None
         self.order_max: List[int] = []  # largest swapped tensor at or below each position

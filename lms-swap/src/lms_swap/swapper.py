@@ -42,6 +42,11 @@ def _no_history(t: torch.Tensor) -> torch.Tensor:
     return t.detach() if t.requires_grad and not t.is_leaf else t
 
 
+def _device_key(device: torch.device) -> Optional[int]:
+    """The key of a device's state in the swapper: its CUDA index, None for the CPU."""
+    return device.index if device.type == "cuda" else None
+
+
 def _in_backward() -> bool:
     """Whether the calling thread is running an autograd backward pass."""
     task = getattr(torch._C, "_current_graph_task_id", None)
@@ -270,8 +275,9 @@ class ActivationSwapper(_StepForecast):
             out["swap.throttle_wait_ms"] = int(self._pacer.throttle_s * 1000)
             for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
                         "kept_bytes", "small_count", "dedupe_hits", "prefetched",
-                        "prefetched_by_lesson", "prefetch_hits", "fetched_on_demand", "memory_queries",
-                        "planned_count", "reactive_count", "throttle_waits", "inflight_bounded",
+                        "prefetched_by_lesson", "prefetch_hits", "fetched_on_demand",
+                        "memory_queries", "planned_count", "reactive_count", "throttle_waits",
+                        "inflight_bounded",
                         "tail_kept", "predicted_kept", "host_full_kept",
                         "guard_fetched", "guard_forward_bytes", "guard_backward_bytes"):
                 out.setdefault("swap." + key, 0)
@@ -313,7 +319,7 @@ class ActivationSwapper(_StepForecast):
 
     # -- device helpers --------------------------------------------------------------
     def _state(self, t: torch.Tensor) -> _DevState:
-        key = t.device.index if t.device.type == "cuda" else None
+        key = _device_key(t.device)
         st = self._dev.get(key)
         if st is None:
             st = _DevState(key)
@@ -588,7 +594,7 @@ class ActivationSwapper(_StepForecast):
             self._kept_unpacks += 1
             if self._kept_unpacks % 4 == 0 and self.config.prefetch_depth > 0:
                 with self._lock:
-                    st = self._dev.get(device.index if device.type == "cuda" else None)
+                    st = self._dev.get(_device_key(device))
                     if st is not None and st.order:
                         self._prefetch(st, st.cursor, device)
 
@@ -606,7 +612,7 @@ class ActivationSwapper(_StepForecast):
         with self._lock:
             if self._phase == "fwd":
                 self._begin_backward()
-            st = self._dev[h.device.index if h.device.type == "cuda" else None]
+            st = self._dev[_device_key(h.device)]
             if h.ahead:
                 h.ahead = False
                 st.bwd.consumed(h.nbytes)
@@ -738,7 +744,7 @@ class ActivationSwapper(_StepForecast):
     def _release(self, h: _Swapped) -> None:
         if h.ahead:  # prefetched, never used
             h.ahead = False
-            st = self._dev.get(h.device.index if h.device.type == "cuda" else None)
+            st = self._dev.get(_device_key(h.device))
             if st is not None:
                 st.bwd.consumed(h.nbytes)
         host, h.host = h.host, None
