@@ -15,7 +15,7 @@ def bp(m):
     return bp
 
 
-def _loss_first_backward(prof, evicted=0, ahead_at=None, used=False):
+def _loss_first_backward(prof, evicted=0, ahead_at=None, used=False, forward_evicted=0):
     """Backward from 9 GiB: the loss's interval peaks at 73 GiB, then three layers (swapped
     tensors saved at offsets 30, 20 and 10 GiB) each grow 2 GiB over 12 GiB."""
     prof.begin(9 * GiB)
@@ -27,7 +27,7 @@ def _loss_first_backward(prof, evicted=0, ahead_at=None, used=False):
         prof.settle()
     prof.boundary(20 * GiB, 2 * GiB, 12 * GiB + (ahead_at or 0))
     prof.boundary(10 * GiB, 2 * GiB, 12 * GiB + (ahead_at or 0))
-    return prof.end(2 * GiB, evicted, LIMIT)
+    return prof.end(2 * GiB, evicted, LIMIT, forward_evicted)
 
 
 def test_the_room_opens_once_backwards_peak_has_passed(bp):
@@ -88,6 +88,15 @@ def test_no_lesson_means_no_room_and_a_net_intervention_teaches_nothing(bp):
     for _ in range(10):
         _loss_first_backward(prof, evicted=1 << 20, used=True)
     assert prof.pad == LIMIT // 8
+
+
+def test_a_step_whose_forward_needed_the_net_teaches_nothing(bp):
+    """Its backward fetched on demand what the net moved, and the next step of its shape
+    swaps more by plan: no lesson, and the pad stays (the lesson was not wrong)."""
+    prof = bp.BackwardProfile()
+    peak, lesson = _loss_first_backward(prof, forward_evicted=1 << 30, used=True)
+    assert peak == 73 * GiB and lesson is None and prof.pad is None
+    assert _loss_first_backward(prof)[1] is not None
 
 
 def test_a_lesson_is_kept_for_its_exact_shape_only(m):

@@ -19,7 +19,11 @@ backward may fill the device while its allocation, plus what its own need will s
 by (the larger of the two forecasts), stays under the limit less a pad and under the last
 backward's peak, so that the margin, which is learned from that peak, is not fed by
 prefetching.  A backward in which the eviction net had to move memory teaches nothing and
-doubles the pad where the lesson was in use.
+doubles the pad where the lesson was in use.  Nor does a step whose forward needed the net:
+the next step of its shape swaps more by plan, so its backward starts lower and brings back
+other tensors, and this backward's levels include the on-demand return of what the net
+moved (on the H100 a decoder at 1.5x whose length cycles: such a lesson let the next step
+of that length prefetch into the net, 3.8 GB synchronously).
 """
 
 from __future__ import annotations
@@ -103,17 +107,18 @@ class BackwardProfile:
         """Prefetching at a boundary is done: what it brought is the interval's too."""
         self._ahead_at_mark = self.ahead
 
-    def end(self, growth: int, evicted: int, limit: int) -> tuple:
+    def end(self, growth: int, evicted: int, limit: int, forward_evicted: int = 0) -> tuple:
         """Backward ended (``growth``: the running peak's since the last mark; ``evicted``:
-        bytes the eviction net moved in it).  Returns (its peak, the lesson or None)."""
+        bytes the eviction net moved in it; ``forward_evicted``: in the forward before it).
+        Returns (its peak, the lesson or None)."""
         if not self._recs:
             return None, None
         self._close(growth)
         recs, self._recs = self._recs, []
-        if evicted > 0:
-            if self.used:
-                floor = max(256 * MiB, int(limit) // 64)
-                self.pad = min(int(limit) // 8, 2 * (self.pad or floor))
+        if evicted > 0 and self.used:
+            floor = max(256 * MiB, int(limit) // 64)
+            self.pad = min(int(limit) // 8, 2 * (self.pad or floor))
+        if evicted > 0 or forward_evicted > 0:
             return self._peak, None
         by_key = {}
         rest = None

@@ -160,7 +160,8 @@ class _StepForecast:
             if guard is not None and st.index is not None and st.peak_marked:
                 # backward's own memory by position, for the next backward of this shape
                 measured, st.bwd_lesson = st.bwd.end(
-                    guard.peak_growth(st.index), bwd_evicted, self._device_limit(st))
+                    guard.peak_growth(st.index), bwd_evicted, self._device_limit(st),
+                    st.fwd_evicted)
                 st.peak_marked = False
             if guard is not None and st.index is not None:
                 released = guard.released(st.index)
