@@ -144,6 +144,18 @@ def test_plan_follows_forward_peak_where_it_is_nearer_its_bound(m):
     assert m.next_plan(0, 50 * G, 65 * G, G, peak_over=-20 * G) == 0
 
 
+def test_a_forward_the_net_rescued_never_lowers_the_plan(m):
+    G = 1 << 30
+    # the net moved 1 GiB for the logits; the running peak, which never saw the failed
+    # request, reads 2 GiB under the capacity: the next forward still swaps all 18 GiB
+    # this one and the net moved, and the slack
+    assert m.next_plan(18 * G, 60 * G, 65 * G, G // 2, peak_over=-2 * G,
+                       rescued=True) == 18 * G + G // 2
+    assert m.next_plan(18 * G, 60 * G, 65 * G, G // 2, peak_over=-2 * G) == 16 * G + G // 2
+    # over the capacity reads as it is
+    assert m.next_plan(18 * G, 60 * G, 65 * G, G // 2, peak_over=G, rescued=True) == 19 * G + G // 2
+
+
 def test_net_evictions_in_forward_count_as_swapped_in_the_next_prediction(m):
     G = 1 << 30
     # forward read the allocation at 20 and 40 GiB saved; at its loss the net moved

@@ -330,6 +330,6 @@ class _StepForecast:
                     else:
                         plan = next_plan(swapped, st.fwd_end, trig,
                                          max(256 * MiB, self._device_limit(st) // 128),
-                                         peak_over)
+                                         peak_over, rescued=fwd_evicted > 0)
                     st.plan = int(damped(plan, st.plan or None))
             self._pacer.drain(st, wait=False)

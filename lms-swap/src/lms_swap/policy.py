@@ -236,7 +236,7 @@ def predict_forward_end(allocated: int, offset: int, prev_offsets: List[int],
 
 
 def next_plan(swapped: int, forward_end: int, trigger: int, slack: int,
-              peak_over: Optional[int] = None) -> int:
+              peak_over: Optional[int] = None, rescued: bool = False) -> int:
     """Bytes to swap from the *start* of the next forward.
 
     Swapping the first tensors of forward is best: their copy out overlaps the rest of
@@ -255,10 +255,20 @@ def next_plan(swapped: int, forward_end: int, trigger: int, slack: int,
     model's logits and loss) is forward's highest point, an end under the trigger says
     nothing about it: the plan follows whichever of the two is nearer its bound, so a
     step the net had to rescue in forward swaps what the net moved from the start of
-    the next (None: no peak measured, the end alone decides)."""
+    the next (None: no peak measured, the end alone decides).
+
+    ``rescued``: the net caught an out-of-memory error in this forward.  Its peak then
+    reached the capacity, whatever the running peak shows (the request that failed was
+    never allocated, and what the net moved counts in neither reading), so the need is
+    at least nothing: the next forward swaps at least what this one and the net moved.
+    (On the H100 a decoder at 1.5x whose length cycles: the running peak read 1.9 GB
+    under the capacity after the net had moved 1.3 GB for the fp32 logits, the plan
+    stayed where it was, and the next step of that length needed the net again.)"""
     need = int(forward_end) - int(trigger)
     if peak_over is not None:
         need = max(need, int(peak_over))
+    if rescued:
+        need = max(need, 0)
     return max(0, int(swapped) + need + int(slack))
 
 
