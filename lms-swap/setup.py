@@ -80,7 +80,10 @@ def _net_setup() -> dict:
         def get_outputs(self):
             return super().get_outputs() + [os.path.join(self.build_lib, "lms_swap", RECORD)]
 
-    ext = CppExtension(EXTENSION, sources=["src/lms_swap/lms_swap_guard.cpp"],
+    # one translation unit; the headers of the net's parts are what it depends on besides (a
+    # change of one rebuilds the module)
+    ext = CppExtension(EXTENSION, sources=[f"src/lms_swap/{toolchain.NET_SOURCE}"],
+                       depends=[f"src/lms_swap/{h}" for h in toolchain.NET_HEADERS],
                        include_dirs=includes, extra_compile_args=["-O2"],
                        extra_link_args=toolchain.libstdcxx_link_flags())
     public = torch.__version__.split("+")[0]

@@ -318,8 +318,11 @@ def test_the_nets_host_full_error_reaches_the_program_as_lms_host_memory_error(m
     host limit reached (LMSHostMemoryError, still a torch.OutOfMemoryError) when it leaves
     the swapped region; its message is kept.  Another out-of-memory error stays as it is.
     The words the swapper looks for are the net's own (its C++ source says them)."""
-    with open(m.guard.GUARD_SOURCE) as f:
-        assert m.guard.HOST_FULL_WORDS in f.read()
+    source = ""
+    for path in (m.guard.GUARD_SOURCE, *m.guard.GUARD_HEADERS):
+        with open(path) as f:
+            source += f.read()
+    assert m.guard.HOST_FULL_WORDS in source
     net_msg = ("CUDA out of memory. Tried to allocate 2.00 GiB.\nLMS activation swapping could "
                "not make room for this request of 2.00 GiB: " + m.guard.HOST_FULL_WORDS +
                " (PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB or host_limit sets it).")

@@ -90,9 +90,9 @@ def test_pool_pieces_span_chunks(m):
     assert pool.misses == 4 and pool.reserved == 16 * MiB  # nothing new pinned
     assert pool.in_use == 14 * MiB + 5
     src = torch.randint(0, 256, (14 * MiB + 5,), dtype=torch.uint8)
-    m.copies._copy_into_pieces(pieces, src, non_blocking=False)
+    m.copies.copy_into_pieces(pieces, src, non_blocking=False)
     back = torch.empty_like(src)
-    m.copies._copy_from_pieces(back, pieces, non_blocking=False)
+    m.copies.copy_from_pieces(back, pieces, non_blocking=False)
     assert torch.equal(back, src)
     one = pool.alloc_pieces(MiB)                         # fits one range: one piece
     assert len(one) == 1 and pool.misses == 4

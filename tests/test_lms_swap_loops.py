@@ -266,20 +266,22 @@ def test_a_step_that_begins_above_its_lesson_swaps_the_difference_too(m):
     (3 GiB here) are swapped around on top of the plan that shape's training step
     taught; a dropped forward teaches no base, and a step at the lesson's base swaps
     only the plan."""
+    from lms_swap.forecast import StepForecast
     from lms_swap.state import _DevState
     sw = m.ActivationSwapper(device_type="cpu", policy="auto")
     st = _DevState(0)
     level = {"now": 10 << 30}
-    sw._allocated = lambda _st: level["now"]
+    forecast = StepForecast(sw.config, guard=lambda: None,
+                            allocated_of=lambda _st: level["now"])
     tokens = torch.empty(8, 2048, dtype=torch.long)
-    sw._enter_profile(st, tokens)              # the first step: nothing learned yet
+    forecast.enter_profile(st, tokens)         # the first step: nothing learned yet
     st.plan, st.taught_base = 4 << 30, st.step_base  # what its backward taught
     level["now"] = 13 << 30                    # an evaluation pass, gradients alive
-    sw._enter_profile(st, tokens)
+    forecast.enter_profile(st, tokens)
     assert (st.plan, st.base_extra) == (4 << 30, 3 << 30)
-    assert sw.stats()["swap.plan_base_raises"] == 1
+    assert forecast.counts["plan_base_raises"] == 1
     level["now"] = 10 << 30                    # the next training step
-    sw._enter_profile(st, tokens)
+    forecast.enter_profile(st, tokens)
     assert (st.plan, st.base_extra, st.taught_base) == (4 << 30, 0, 10 << 30)
 
 

@@ -3,6 +3,7 @@ host's stock PyTorch and swaps bitwise like stock on CPU, with the eviction net'
 patch factory places the same files as torch/cuda/lms_swap/; the examples' loader finds it."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -18,6 +19,12 @@ from build_tools import catalog
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "lms-swap"
 SRC = PACKAGE / "src" / "lms_swap"
+# net_toolchain alone (it imports only torch), as setup.py loads it
+_spec = importlib.util.spec_from_file_location("_lms_swap_test_net_toolchain", SRC / "net_toolchain.py")
+_toolchain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_toolchain)
+NET_SOURCE, NET_HEADERS = _toolchain.NET_SOURCE, _toolchain.NET_HEADERS
+NET_FILES = (NET_SOURCE, *NET_HEADERS)  # the eviction net: one translation unit
 
 SWAP_PY = r"""
 import contextlib, importlib.metadata as md, json, os
@@ -41,6 +48,7 @@ got = run(sw)
 files = [str(f) for f in md.files("lms-swap")]
 print(json.dumps({"file": lms_swap.__file__, "guard": lms_swap.GUARD_SOURCE,
                   "guard_is_file": os.path.isfile(lms_swap.GUARD_SOURCE),
+                  "guard_headers": [os.path.isfile(h) for h in lms_swap.guard.GUARD_HEADERS],
                   "version": md.version("lms-swap"), "files": files,
                   "swapped": sw.stats()["swap.out_count"],
                   "bitwise": all(torch.equal(a, b) for a, b in zip(got, ref))}))
@@ -58,7 +66,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_swaps_bitwise_on_cpu(tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     [whl] = wheels.glob("lms_swap-*.whl")
     names = zipfile.ZipFile(whl).namelist()
-    assert "lms_swap/lms_swap_guard.cpp" in names and "lms_swap/__init__.py" in names, names
+    assert "lms_swap/__init__.py" in names and {f"lms_swap/{n}" for n in NET_FILES} <= set(names), names
     assert {n.split("/")[0] for n in names} <= {"lms_swap", whl.name.split("-")[0] + "-" + whl.name.split("-")[1]
                                                 + ".dist-info"}, names
 
@@ -85,7 +93,8 @@ def test_the_wheel_installs_into_a_fresh_venv_and_swaps_bitwise_on_cpu(tmp_path)
     assert pathlib.Path(out["file"]).resolve() == (installed / "__init__.py").resolve(), out["file"]
     assert out["guard_is_file"] and pathlib.Path(out["guard"]).resolve() == \
         (installed / "lms_swap_guard.cpp").resolve(), out["guard"]
-    assert "lms_swap/lms_swap_guard.cpp" in out["files"], out["files"]
+    assert out["guard_headers"] == [True] * len(NET_HEADERS), out["guard_headers"]
+    assert {f"lms_swap/{n}" for n in NET_FILES} <= set(out["files"]), out["files"]
     assert out["version"] == "0.1.0"
     assert out["swapped"] > 0, "the swapper swapped nothing"
     assert out["bitwise"], "loss or gradients differ from stock"
@@ -93,17 +102,17 @@ def test_the_wheel_installs_into_a_fresh_venv_and_swaps_bitwise_on_cpu(tmp_path)
 
 def test_the_patch_places_the_packages_files_as_torch_cuda_lms_swap():
     """One source, two placements: every file of lms-swap/src/lms_swap/ lands under torch/cuda/lms_swap/
-    in the PyTorch trees, except the eviction net's source, which lands next to it, where guard.py looks
-    in a PyTorch tree, and the pluggable allocator's files, which a patched build has no use for
-    (patches/pytorch/shared.toml [left_out])."""
+    in the PyTorch trees, except the eviction net's source and the headers it includes, which land next
+    to it, where guard.py looks in a PyTorch tree, and the pluggable allocator's files, which a patched
+    build has no use for (patches/pytorch/shared.toml [left_out])."""
     files = catalog.source_map(catalog.framework("pytorch"), "v2.6.0")
     placed = {rel: path for rel, path in files.items() if rel.startswith("torch/cuda/lms_swap")}
     pluggable = ("allocator.py", "allocator_sources.py")
     ours = sorted(p.name for p in SRC.iterdir() if p.is_file() and not p.name.endswith(".pyc")
                   and p.name not in pluggable and not p.name.startswith("lms_pluggable_"))
-    assert "lms_swap_guard.cpp" in ours and "__init__.py" in ours
-    assert placed == {**{f"torch/cuda/lms_swap/{n}": SRC / n for n in ours if n != "lms_swap_guard.cpp"},
-                      "torch/cuda/lms_swap_guard.cpp": SRC / "lms_swap_guard.cpp"}
+    assert set(NET_FILES) <= set(ours) and "__init__.py" in ours
+    assert placed == {**{f"torch/cuda/lms_swap/{n}": SRC / n for n in ours if n not in NET_FILES},
+                      **{f"torch/cuda/{n}": SRC / n for n in NET_FILES}}
     assert not (REPO / "patches" / "pytorch" / "src" / "torch" / "cuda" / "lms_swap").exists()
     patch = (REPO / "patches" / "pytorch_v2.6.0_large_model_support.patch").read_text()
     for rel in placed:
@@ -113,16 +122,39 @@ def test_the_patch_places_the_packages_files_as_torch_cuda_lms_swap():
 
 def test_guard_source_is_found_inside_the_package_and_next_to_it(tmp_path):
     """guard.py looks for lms_swap_guard.cpp inside the package (an install of lms-swap) and next to
-    it (torch/cuda/ in a PyTorch tree)."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import lms_swap; print(lms_swap.GUARD_SOURCE)"
+    it (torch/cuda/ in a PyTorch tree), and for the headers it includes beside it."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import lms_swap; "
+            "print(json.dumps([lms_swap.GUARD_SOURCE, *lms_swap.guard.GUARD_HEADERS]))")
     for layout in ("installed", "torch_tree"):
         root = tmp_path / layout
-        shutil.copytree(SRC, root / "lms_swap", ignore=shutil.ignore_patterns("__pycache__", "lms_swap_guard.cpp"))
-        cpp = (root / "lms_swap" if layout == "installed" else root) / "lms_swap_guard.cpp"
-        shutil.copy2(SRC / "lms_swap_guard.cpp", cpp)
+        shutil.copytree(SRC, root / "lms_swap", ignore=shutil.ignore_patterns("__pycache__", *NET_FILES))
+        folder = root / "lms_swap" if layout == "installed" else root
+        for n in NET_FILES:
+            shutil.copy2(SRC / n, folder / n)
         r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
-        assert pathlib.Path(r.stdout.strip().splitlines()[-1]) == cpp, (layout, r.stdout)
+        found = [pathlib.Path(p) for p in json.loads(r.stdout.strip().splitlines()[-1])]
+        assert found == [folder / n for n in NET_FILES], (layout, r.stdout)
+
+
+def test_the_nets_headers_are_the_ones_its_source_includes():
+    """The eviction net is one translation unit: lms_swap_guard.cpp and the headers of its parts,
+    which it includes (directly or through one another) from its own folder.  NET_HEADERS, which the
+    builds and guard.py name, are exactly those, and every lms_swap_guard_*.h of the package is one;
+    each is a header of the net (include guard, internal linkage) that names what it is for."""
+    import re
+    included, todo = [], [NET_SOURCE]
+    while todo:
+        for name in re.findall(r'^#include "([^"]+)"', (SRC / todo.pop()).read_text(), re.M):
+            if name not in included:
+                included.append(name)
+                todo.append(name)
+    assert sorted(included) == sorted(NET_HEADERS)
+    assert sorted(p.name for p in SRC.glob("lms_swap_guard_*.h")) == sorted(NET_HEADERS)
+    for name in NET_HEADERS:
+        text = (SRC / name).read_text()
+        assert text.startswith("#pragma once\n// "), name
+        assert "namespace {" in text and "lms_swap_guard.cpp" in text.split("\n#include")[0], name
 
 
 @pytest.mark.parametrize("how", ["checkout", "LMS_SWAP_PATH"])

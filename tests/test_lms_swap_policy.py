@@ -255,16 +255,17 @@ def test_first_step_margin_with_the_net_waits_for_its_first_eviction(m):
     """With the net, the first step keeps only min_margin (a step that fits swaps
     nothing); once the net has had to move something, the step keeps the no-net share;
     the learned margin has no floor of one tensor."""
+    from lms_swap.forecast import StepForecast
     net = _CountingNet()
     sw = cpu_swapper(m, policy="auto", min_margin=64 * MiB)
-    sw._guard = lambda: net
+    forecast = StepForecast(sw.config, guard=lambda: net, allocated_of=lambda st: 0)
     st = m._DevState(None)
     st.largest = 32 * MiB
-    assert sw._margin(st) == 64 * MiB
-    assert sw._min_margin_factor() == 0.0
+    assert forecast.margin(st) == 64 * MiB
+    assert forecast.min_margin_factor() == 0.0
     net.moved += 96 * MiB  # the net caught an out-of-memory error in this phase
-    assert sw._margin(st) == max(5 * 32 * MiB, int(0.35 * sw._device_limit(st)))
-    assert sw.configure(first_margin_fraction=0.1) and sw._margin(st) > 64 * MiB
+    assert forecast.margin(st) == max(5 * 32 * MiB, int(0.35 * forecast.limit(st)))
+    assert sw.configure(first_margin_fraction=0.1) and forecast.margin(st) > 64 * MiB
 
 
 def test_without_the_net_the_first_step_keeps_its_share(m):
@@ -272,8 +273,9 @@ def test_without_the_net_the_first_step_keeps_its_share(m):
     assert sw._guard() is None
     st = m._DevState(None)
     st.largest = 32 * MiB
-    assert sw._margin(st) == max(5 * 32 * MiB, int(0.35 * sw._device_limit(st)))
-    assert sw._min_margin_factor() == 1.0
+    forecast = sw._forecast
+    assert forecast.margin(st) == max(5 * 32 * MiB, int(0.35 * forecast.limit(st)))
+    assert forecast.min_margin_factor() == 1.0
     with pytest.raises(ValueError, match="first_margin_fraction"):
         m.SwapConfig(first_margin_fraction=1.0)
 

@@ -84,10 +84,13 @@ def _edit_package_data(tree: Path, entry: str) -> None:
 
 
 def test_setup_py_adding_package_data_the_overlay_copies_is_no_obstacle(scratch_tree):
-    _edit_package_data(scratch_tree, '        # a source compiled at run time\n        "cuda/lms_x.cpp",\n')
-    _edit(scratch_tree, "torch/cuda/lms_x.cpp", "// compiled on first use\n")
+    _edit_package_data(scratch_tree, '        # a source compiled at run time and its headers\n'
+                                     '        "cuda/lms_x.cpp",\n        "cuda/lms_x_*.h",\n')
+    _edit(scratch_tree, "torch/cuda/lms_x.cpp", '// compiled on first use\n#include "lms_x_part.h"\n')
+    _edit(scratch_tree, "torch/cuda/lms_x_part.h", "#pragma once\n")
     plan = plan_overlay(scratch_tree, TAG)
-    assert plan.ignored == ["setup.py"] and plan.python_files == ["torch/cuda/lms_x.cpp"]
+    assert plan.ignored == ["setup.py"] and plan.python_files == ["torch/cuda/lms_x.cpp",
+                                                                  "torch/cuda/lms_x_part.h"]
 
 
 @pytest.mark.parametrize("edit", [

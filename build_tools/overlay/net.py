@@ -1,6 +1,7 @@
 """The eviction net of activation swapping, compiled into the overlay wheel.
 
-The patch places the net's source at ``torch/cuda/lms_swap_guard.cpp``; a source install compiles
+The patch places the net's source at ``torch/cuda/lms_swap_guard.cpp``, with the headers of its parts
+(``lms_swap_guard_*.h``, which it includes from its own folder) beside it; a source install compiles
 it at first use, which needs a C++ compiler, ninja and the CUDA headers on every training node.
 The overlay wheel carries it compiled instead, as ``torch/cuda/lms_swap/_lms_swap_guard<EXT_SUFFIX>``
 with its record ``_net_build.json`` (what ``torch.cuda.lms_swap.prebuilt`` checks at import), built

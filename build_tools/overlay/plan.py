@@ -3,11 +3,12 @@
   c10/cuda/**  (sources, headers, its CMakeLists/bazel files)  -> rebuild libc10_cuda.so
   c10/**       (other sources/headers)                          -> rebuild libc10.so (and libc10_cuda.so)
   torch/**/*.py, torch/**/*.pyi                                 -> copied into the wheel
-  torch/**/*.cpp (not torch/csrc)                               -> copied too: sources a Python
+  torch/**/*.cpp, torch/**/*.h (not torch/csrc)                 -> copied too: sources a Python
                                                                    module compiles at run time
+                                                                   and the headers they include
   tests, docs, CI files (test/, docs/, benchmarks/, .github/, .ci/, c10/test/, c10/cuda/test/, *.md)
                                                                 -> not part of a wheel: ignored
-  setup.py, where the edit only adds entries of torch_package_data that name .py/.pyi/.cpp files
+  setup.py, where the edit only adds entries of torch_package_data that name .py/.pyi/.cpp/.h files
                                                                 -> ignored: the overlay copies those
   anything else (torch/csrc, aten, caffe2, other setup.py edits, cmake, third_party, ...) -> refused: overlay
   mode cannot rebuild it; the full build can (`make build TORCH=<tag> MODE=full`).
@@ -38,7 +39,7 @@ class OverlayRefused(LmsError):
 @dataclasses.dataclass
 class OverlayPlan:
     rebuild: list            # subset of ["c10", "c10_cuda"], in build order
-    python_files: list       # torch/... .py/.pyi/.cpp added or modified (copied into the wheel)
+    python_files: list       # torch/... .py/.pyi/.cpp/.h added or modified (copied into the wheel)
     python_deleted: list     # torch/... .py/.pyi deleted by the patch (removed from the wheel)
     headers: list            # c10/... headers added or modified (-> torch/include/c10/...)
     headers_deleted: list
@@ -72,13 +73,13 @@ def _match(path: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
-PACKAGE_DATA_ENTRY = re.compile(r'''\s*(["'])[^"']+\.(py|pyi|cpp)\1,\s*(#.*)?''')
+PACKAGE_DATA_ENTRY = re.compile(r'''\s*(["'])[^"']+\.(py|pyi|cpp|h)\1,\s*(#.*)?''')
 COMMENT_OR_BLANK = re.compile(r"\s*(#.*)?")
 
 
 def _setup_py_adds_only_copied_package_data(tree: Path, base: str) -> bool:
     """Whether the edit of setup.py only adds lines to the `torch_package_data = [...]` list,
-    each a pattern of .py/.pyi/.cpp files or a comment: files the overlay copies into the wheel
+    each a pattern of .py/.pyi/.cpp/.h files or a comment: files the overlay copies into the wheel
     anyway, so the edit changes nothing an overlay build makes."""
     diff = gitutil.run(tree, "diff", "-U0", "--no-color", base, "--", "setup.py").out
     text = (tree / "setup.py").read_text(encoding="utf-8", errors="replace").splitlines()
@@ -132,7 +133,7 @@ def plan_overlay(tree: Path, base: str, tag_for_hint: str | None = None) -> Over
             else:
                 refused.append((path, "a c10 file that is neither C++ source nor header (e.g. a generated-"
                                       "header template)"))
-        elif path.startswith("torch/") and path.endswith((".py", ".pyi", ".cpp")) \
+        elif path.startswith("torch/") and path.endswith((".py", ".pyi", ".cpp", ".h")) \
                 and not path.startswith("torch/csrc/"):
             (py_del if deleted else py).append(path)
         elif path == "setup.py" and not deleted and _setup_py_adds_only_copied_package_data(Path(tree), base):

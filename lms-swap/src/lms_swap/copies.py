@@ -13,6 +13,8 @@ import torch
 from .policy import inflight_room
 from .state import _DevState
 
+__all__ = ["CopyPacer", "plain_bytes", "flat_bytes", "copy_into_pieces", "copy_from_pieces"]
+
 
 class CopyPacer:
     """How far forward's copies to the host may run behind it, for the swapper that owns it:
@@ -90,7 +92,7 @@ class CopyPacer:
             st.inflight_bytes -= n
 
 
-def _plain_bytes(t: torch.Tensor) -> bool:
+def plain_bytes(t: torch.Tensor) -> bool:
     """Whether ``t``'s values are exactly the bytes of its storage that it spans, so that
     copying those bytes and back restores it bit for bit: a strided, non-nested,
     non-quantized tensor with real storage and no conjugate or negative bit (a
@@ -104,15 +106,15 @@ def _plain_bytes(t: torch.Tensor) -> bool:
     return True
 
 
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """The bytes of a tensor whose elements fill their span of its storage densely
     (:func:`_dense_span`: contiguous in some order of dimensions), as one flat uint8
     tensor, in storage order."""
     return t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
 
 
-def _copy_into_pieces(pieces: List[torch.Tensor], src: torch.Tensor,
-                      non_blocking: bool) -> None:
+def copy_into_pieces(pieces: List[torch.Tensor], src: torch.Tensor,
+                     non_blocking: bool) -> None:
     """Copies the flat bytes ``src`` into the host pieces, in order."""
     off = 0
     for p in pieces:
@@ -121,8 +123,8 @@ def _copy_into_pieces(pieces: List[torch.Tensor], src: torch.Tensor,
         off += n
 
 
-def _copy_from_pieces(dst: torch.Tensor, pieces: List[torch.Tensor],
-                      non_blocking: bool) -> None:
+def copy_from_pieces(dst: torch.Tensor, pieces: List[torch.Tensor],
+                     non_blocking: bool) -> None:
     """Copies the host pieces, in order, into the flat bytes ``dst``."""
     off = 0
     for p in pieces:

@@ -1,23 +1,36 @@
-"""The step-to-step forecast of the swapper: the device limit it aims under, the room
-backward needs (the margin), the bytes to swap from forward's start (the plan) and the
-headroom prefetching leaves, learned at each phase boundary from what the step before did.
+"""The step-to-step forecast of the swapper: the device limit it aims under, the room backward
+needs (the margin), the bytes to swap from forward's start (the plan) and the headroom
+prefetching leaves, learned at each phase boundary from what the step before did, and the rule
+that applies them to each tensor forward saves (the plan's first, then the pressure rule).
 
-A mixin of :class:`~.swapper.ActivationSwapper`: it reads the swapper's ``config``,
-counters (``c``), host pool, eviction net (``_guard``) and per-device state
-(:class:`~.state._DevState`); the arithmetic itself is in :mod:`.policy`."""
+:class:`StepForecast` is an object the swapper owns (as it owns its
+:class:`~.copies.CopyPacer`): it is handed the swapper's tunables, the eviction net and a
+reading of the device allocation, keeps what it learns in each device's state
+(:class:`~.state._DevState`) and counts in its own ``counts``; the arithmetic itself is in
+:mod:`.policy`.
+
+It keeps one invariant across phases: each byte the eviction net moves is taught once, to the
+phase it moved in (the net's counter is read at each phase boundary and the reading kept in
+``guard_seen``), and each forward starts with an empty record of what it swapped and saved
+(``planned``, ``reactive``, ``saved``, the allocation readings), so that what a step teaches is
+that step's alone."""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import collections
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
 from . import device_memory
-from .environment import MiB, _allocator_lms
-from .policy import (damped, growth_to_end, next_margin_factor, next_plan, settled_plan,
-                     next_reserve_factor, next_slack, swap_trigger)
+from .environment import GiB, MiB, _allocator_lms
+from .policy import (damped, growth_to_end, in_tail, next_margin_factor, next_plan,
+                     next_reserve_factor, next_slack, predict_forward_end, settled_plan,
+                     should_swap, swap_trigger)
 from .profiles import signature
 from .state import _DevState
+
+__all__ = ["StepForecast"]
 
 
 def _allocator_cap(index: int, total: int) -> int:
@@ -33,22 +46,28 @@ def _allocator_cap(index: int, total: int) -> int:
     return int(total * frac) if 0.0 < frac < 1.0 else total
 
 
-def _running_max(order: list) -> list:
-    """Per position of the swap order, the largest swapped tensor at or below it."""
-    out, top = [], 0
-    for r in order:
-        h = r()
-        if h is not None and h.nbytes > top:
-            top = h.nbytes
-        out.append(top)
-    return out
+class StepForecast:
+    """Limits, margin, plan and prefetch headroom, learned between steps, for the swapper that
+    owns it: ``config`` (its tunables), ``guard()`` (the eviction net, armed, or None) and
+    ``allocated_of(st)`` (a reading of the device allocation).  The swapper calls
+    :meth:`begin_forward` and :meth:`begin_backward` for each device at the phase boundaries,
+    :meth:`enter_profile` at a forward's first save, :meth:`decide` for each tensor forward
+    may swap and :meth:`backward_boundary` at each unpack of a swapped tensor.  Counts what it
+    learned and what the net moved in ``counts``."""
 
+    def __init__(self, config: Any, guard: Callable[[], Any],
+                 allocated_of: Callable[[_DevState], int]) -> None:
+        self.config = config
+        self._guard = guard
+        self._allocated_of = allocated_of
+        self.reset()
 
-class _StepForecast:
-    """Limits, margin, plan and prefetch headroom, learned between steps."""
+    def reset(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
 
     # -- limits ------------------------------------------------------------------------
-    def _device_limit(self, st: _DevState) -> int:
+    def limit(self, st: _DevState) -> int:
+        """The device allocation the swapper aims under (read once, kept in ``st.limit``)."""
         if st.limit is None:
             cfg = self.config
             if cfg.device_limit is not None:
@@ -90,13 +109,13 @@ class _StepForecast:
                 st.cap = max(cap, lim)
         return st.limit
 
-    def _device_cap(self, st: _DevState) -> int:
+    def cap(self, st: _DevState) -> int:
         """What the caching allocator can have at most: free plus reserved memory when
         the net sets the limit, else the limit itself."""
-        lim = self._device_limit(st)
+        lim = self.limit(st)
         return st.cap if st.cap is not None else lim
 
-    def _margin(self, st: _DevState) -> int:
+    def margin(self, st: _DevState) -> int:
         """Room kept for backward's own allocations: a fixed ``margin``, else the learned
         factor (``margin_factor`` until a step was seen) times the largest saved tensor
         (backward's gradients scale with it)."""
@@ -118,123 +137,177 @@ class _StepForecast:
             # keep a share of the limit as well
             frac = 0.35 if cfg.first_margin_fraction is None else cfg.first_margin_fraction
             st.margin = max(int(cfg.min_margin), int(cfg.margin_factor * st.largest),
-                            int(float(frac) * self._device_limit(st)))
+                            int(float(frac) * self.limit(st)))
         return st.margin
 
-    def _prefetch_reserve(self, st: _DevState) -> int:
+    def prefetch_reserve(self, st: _DevState) -> int:
         """Device memory prefetching leaves free for backward's own allocations: the
         margin, and at least ``prefetch_reserve_factor`` times the largest saved tensor
         (raised by a quarter after a step whose backward went over the limit).  Not
         learned down: backward's biggest allocations (ResNet-50's first layers allocate
         twice their largest activation in fp32) come at moments the prefetch level does
         not predict."""
-        return max(self._margin(st), int(self._reserve_factor(st) * st.largest) + 256 * MiB)
+        return max(self.margin(st), int(self.reserve_factor(st) * st.largest) + 256 * MiB)
 
-    def _reserve_factor(self, st: _DevState) -> float:
+    def reserve_factor(self, st: _DevState) -> float:
+        """The prefetch headroom per byte of the largest saved tensor: the tunable, or more
+        where a backward went over the limit."""
         return max(float(self.config.prefetch_reserve_factor), st.reserve_k)
 
-    # -- phases ----------------------------------------------------------------------
-    def _begin_forward(self) -> None:
-        """First pack after a backward: learn the margin, start a new order."""
-        self._phase = "fwd"
-        self._dedupe.clear()
-        self._prefetch_pending = False
-        self._sig_pending = True
-        self._fwd_last, self._fwd_handles = None, []
-        if self._pool is not None:
-            self._pool.end_step()
-        for st in self._dev.values():
-            # what the net moved in backward is memory backward needed beyond its peak.
-            # (Not only the failed requests' sizes, which are smaller: at a batch stock
-            # PyTorch trains, 99% of an H100, ViT-L's backward failed for want of one
-            # piece in a fragmented cache, and a margin raised by the requests alone let
-            # it fail in 9 of the next 10 steps, each costing a second.)
-            bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
-            guard = self._guard()
-            measured = None
-            # the net had to help a backward that prefetched by the lesson: the lesson
-            # was wrong, not the margin (its peak counts the prefetched bytes)
-            overrun = bwd_evicted > 0 and st.bwd.used
-            if overrun:
-                self.c["prefetch_lesson_overruns"] += 1
-            if guard is not None and st.index is not None and st.peak_marked:
-                # backward's own memory by position, for the next backward of this shape
-                measured, st.bwd_lesson = st.bwd.end(
-                    guard.peak_growth(st.index), bwd_evicted, self._device_limit(st),
-                    st.fwd_evicted)
-                st.peak_marked = False
-            if guard is not None and st.index is not None:
-                released = guard.released(st.index)
-                moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
-                st.slack = next_slack(st.slack, released > st.released_seen, moved,
-                                      self._device_limit(st))
-                if st.plan_before is not None and self.config.policy == "auto":
-                    harmless = (st.fwd_evicted == 0 and bwd_evicted == 0
-                                and released == st.released_seen)
-                    settled = settled_plan(st.plan, st.plan_before,
-                                           st.planned + st.reactive, harmless)
-                    if settled < st.plan:
-                        self.c["plan_raises_undone"] += 1
-                    st.plan = settled
-                st.released_seen = released
-            st.plan_before = None
-            if (st.index is not None and st.fwd_end is not None and st.largest
-                    and self.config.adaptive_margin and self.config.margin is None
-                    and not overrun):
-                # with the net, exact: the highest of its running peaks over backward's
-                # intervals (BackwardProfile.end above)
-                peak, exact = ((int(measured), True) if measured is not None
-                               else self._backward_peak(st))
-                st.bwd_peak = peak + bwd_evicted
-                before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
-                old_k = st.k
-                st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
-                                          before, peak + bwd_evicted,
-                                          int(self.config.min_margin),
-                                          self._min_margin_factor())
-                st.k = damped(st.k, old_k)
-                # over the limit is harm only where the net had to move memory (the
-                # allocator's own retries are the slack's business); without the net,
-                # from a step that set a new peak
-                if (bwd_evicted > 0) if exact else (peak > (st.peak_before or 0)):
-                    st.reserve_k = next_reserve_factor(self._reserve_factor(st), peak,
-                                                       self._device_limit(st))
-                self.c["margin_updates"] += 1
-            if guard is not None and st.index is not None and self.config.policy == "auto":
-                # forward's own peak, read at backward's start (_forward_peak_over)
-                st.fwd_base = self._allocated(st)
-                guard.mark_peak(st.index)
-                st.fwd_marked = True
-            st.fwd_end = None
-            st.since_query = 1 << 30
-            st.est = 0
-            alive = [r for r in st.order if r() is not None]
-            for i, r in enumerate(alive):
-                h = r()
-                if h is not None:
-                    h.index = i
-            st.order = alive
-            st.swapped_in_fwd = 0
-            st.planned = 0
-            st.reactive = 0
-            st.fwd_evicted = 0
-            st.saved = 0
-            st.kept_movable = 0
-            st.rec_off, st.rec_unswapped = [], []
+    def min_margin_factor(self) -> float:
+        """The floor of the learned margin factor: ``min_margin_factor``, else 0 with the
+        net and 1 without it."""
+        f = self.config.min_margin_factor
+        if f is None:
+            f = 0.0 if self._guard() is not None else 1.0
+        return float(f)
 
-    def _enter_profile(self, st: _DevState, t: torch.Tensor) -> None:
+    # -- the rule for each tensor ------------------------------------------------------
+    def decide(self, st: _DevState, nbytes: int,
+               saved_before: int) -> Tuple[Optional[str], bool]:
+        """Why a tensor of ``nbytes`` that forward saves after ``saved_before`` bytes, and
+        that could be swapped, is swapped: ``"plan"`` while the plan (and the base the step
+        began above its lesson) is not swapped yet, else ``"pressure"`` where
+        :meth:`pressure` says so, else None (kept); and whether it waits for earlier
+        copies (under pressure)."""
+        tail = in_tail(saved_before, nbytes, st.prev_saved, st.largest)
+        pressure = self.pressure(st, nbytes, tail)
+        if st.planned < st.plan + st.base_extra:
+            return "plan", pressure
+        if pressure:
+            return "pressure", True
+        return None, False
+
+    def pressure(self, st: _DevState, nbytes: int, tail: bool = False) -> bool:
+        """Whether the device allocation (which includes the tensor being saved) is over
+        the trigger by :func:`~.policy.should_swap`; for a tensor of the tail
+        (:func:`~.policy.in_tail`), only whether it is over the limit itself; while the
+        tensor and one more like it fit under the limit, also whether the previous step
+        predicts forward's end over the trigger (:func:`~.policy.predict_forward_end`).
+        Queries the allocator only every ``query_every`` tensors while the estimate stays
+        far below the trigger.  (A version that only waited for running copies instead of
+        swapping, when those copies alone explained the pressure, ran out of device memory
+        at 1.5x on the H100: the allocator no longer counts tensors whose copy is still
+        running.)"""
+        limit, margin = self.limit(st), self.margin(st)
+        trigger = swap_trigger(limit, margin)
+        st.since_query += 1
+        slack = max(2 * st.largest, 1 * GiB)
+        if st.est + nbytes <= trigger - slack and st.since_query < self.config.query_every:
+            st.est += nbytes
+            return False
+        alloc = self._allocated_of(st)
+        st.est = alloc
+        st.since_query = 0
+        st.rec_off.append(st.saved)
+        # what the net moved is gone from the allocation as much as what was swapped
+        st.rec_unswapped.append(alloc + st.planned + st.reactive + self._net_moved(st))
+        if not should_swap(nbytes, alloc, limit, margin):
+            return False
+        if tail and alloc <= limit:
+            self.counts["tail_kept"] += 1
+            return False
+        if alloc + nbytes <= limit:
+            # the previous step knows how this forward goes on: swap only when its end,
+            # not this moment's transients and one tensor looked ahead, would be over
+            # the trigger (GPT-2 on the H100 swapped a loss chunk per step for the
+            # logits that were alive while it was saved)
+            end = predict_forward_end(alloc, st.saved, st.prev_off, st.prev_growth,
+                                      st.prev_saved)
+            if end is not None and end <= trigger:
+                self.counts["predicted_kept"] += 1
+                return False
+        return True
+
+    # -- phases ----------------------------------------------------------------------
+    def begin_forward(self, st: _DevState) -> None:
+        """The first pack after a backward, on one device: learn from the step that ended
+        (the margin, the slack, the plan's settling, backward's lesson) and start this
+        forward's record."""
+        # what the net moved in backward is memory backward needed beyond its peak.
+        # (Not only the failed requests' sizes, which are smaller: at a batch stock
+        # PyTorch trains, 99% of an H100, ViT-L's backward failed for want of one
+        # piece in a fragmented cache, and a margin raised by the requests alone let
+        # it fail in 9 of the next 10 steps, each costing a second.)
+        bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
+        guard = self._guard()
+        measured = None
+        # the net had to help a backward that prefetched by the lesson: the lesson
+        # was wrong, not the margin (its peak counts the prefetched bytes)
+        overrun = bwd_evicted > 0 and st.bwd.used
+        if overrun:
+            self.counts["prefetch_lesson_overruns"] += 1
+        if guard is not None and st.index is not None and st.peak_marked:
+            # backward's own memory by position, for the next backward of this shape
+            measured, st.bwd_lesson = st.bwd.end(
+                guard.peak_growth(st.index), bwd_evicted, self.limit(st),
+                st.fwd_evicted)
+            st.peak_marked = False
+        if guard is not None and st.index is not None:
+            released = guard.released(st.index)
+            moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
+            st.slack = next_slack(st.slack, released > st.released_seen, moved,
+                                  self.limit(st))
+            if st.plan_before is not None and self.config.policy == "auto":
+                harmless = (st.fwd_evicted == 0 and bwd_evicted == 0
+                            and released == st.released_seen)
+                settled = settled_plan(st.plan, st.plan_before,
+                                       st.planned + st.reactive, harmless)
+                if settled < st.plan:
+                    self.counts["plan_raises_undone"] += 1
+                st.plan = settled
+            st.released_seen = released
+        st.plan_before = None
+        if (st.index is not None and st.fwd_end is not None and st.largest
+                and self.config.adaptive_margin and self.config.margin is None
+                and not overrun):
+            # with the net, exact: the highest of its running peaks over backward's
+            # intervals (BackwardProfile.end above)
+            peak, exact = ((int(measured), True) if measured is not None
+                           else self._backward_peak(st))
+            st.bwd_peak = peak + bwd_evicted
+            before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
+            old_k = st.k
+            st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
+                                      before, peak + bwd_evicted,
+                                      int(self.config.min_margin),
+                                      self.min_margin_factor())
+            st.k = damped(st.k, old_k)
+            # over the limit is harm only where the net had to move memory (the
+            # allocator's own retries are the slack's business); without the net,
+            # from a step that set a new peak
+            if (bwd_evicted > 0) if exact else (peak > (st.peak_before or 0)):
+                st.reserve_k = next_reserve_factor(self.reserve_factor(st), peak,
+                                                   self.limit(st))
+            self.counts["margin_updates"] += 1
+        if guard is not None and st.index is not None and self.config.policy == "auto":
+            # forward's own peak, read at backward's start (_forward_peak_over)
+            st.fwd_base = self._allocated_of(st)
+            guard.mark_peak(st.index)
+            st.fwd_marked = True
+        st.fwd_end = None
+        st.since_query = 1 << 30
+        st.est = 0
+        st.planned = 0
+        st.reactive = 0
+        st.fwd_evicted = 0
+        st.saved = 0
+        st.kept_movable = 0
+        st.rec_off, st.rec_unswapped = [], []
+
+    def enter_profile(self, st: _DevState, t: torch.Tensor) -> None:
         """The forward that saves ``t`` first begins: what earlier steps of its shape
         taught replaces what the step before taught (:mod:`.profiles`)."""
-        base = self._allocated(st) if st.index is not None else 0
+        base = self._allocated_of(st) if st.index is not None else 0
         how = st.profiles.enter(st, signature(t))  # (saves the last step's base first)
         st.step_base, st.base_extra = base, 0
         if how is not None:
-            self.c["profile_" + how] += 1
+            self.counts["profile_" + how] += 1
             if st.plan and st.taught_base is not None and base > st.taught_base:
                 # more on the device than when the lesson was learned: the plan's
                 # swaps must make room for that too
                 st.base_extra = base - st.taught_base
-                self.c["plan_base_raises"] += 1
+                self.counts["plan_base_raises"] += 1
 
     def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
         """Backward's peak where the net did not measure it: the program's
@@ -243,13 +316,13 @@ class _StepForecast:
         memory held a UNet's margin at 28.5 GB for good)."""
         return device_memory.peak_allocated(st.index), False
 
-    def _bwd_boundary(self, st: _DevState, h) -> None:
+    def backward_boundary(self, st: _DevState, h: Any) -> None:
         """Backward unpacks swapped tensor ``h``: one interval of backward's memory ends
         and the next begins (:class:`~.backward_profile.BackwardProfile`)."""
         guard = self._guard()
         if guard is None or not st.bwd.recording or h.offset is None or st.index is None:
             return
-        st.bwd.boundary(h.offset, guard.peak_growth(st.index), self._allocated(st))
+        st.bwd.boundary(h.offset, guard.peak_growth(st.index), self._allocated_of(st))
         guard.mark_peak(st.index)
 
     def _forward_peak_over(self, st: _DevState) -> Optional[int]:
@@ -261,7 +334,7 @@ class _StepForecast:
             return None
         st.fwd_marked = False
         peak = st.fwd_base + int(guard.peak_growth(st.index))
-        return peak - self._device_cap(st)
+        return peak - self.cap(st)
 
     def _net_evicted(self, st: _DevState, counter: str) -> int:
         """Bytes the eviction net moved since the last phase began (counted under
@@ -270,7 +343,7 @@ class _StepForecast:
         now = guard.evicted_bytes() if guard is not None else 0
         moved, st.guard_seen = now - st.guard_seen, now
         if moved > 0:
-            self.c[counter] += moved
+            self.counts[counter] += moved
         return moved
 
     def _net_moved(self, st: _DevState) -> int:
@@ -282,54 +355,42 @@ class _StepForecast:
         """Whether the eviction net is there and has moved nothing in this phase."""
         return self._guard() is not None and self._net_moved(st) == 0
 
-    def _min_margin_factor(self) -> float:
-        f = self.config.min_margin_factor
-        if f is None:
-            f = 0.0 if self._guard() is not None else 1.0
-        return float(f)
-
-    def _begin_backward(self) -> None:
-        self._phase = "bwd"
-        self._pass_id += 1
-        self._dedupe.clear()
-        self._kept_unpacks = 0
-        self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
-        for st in self._dev.values():
-            # the net's evictions in forward were swaps the forecast should have planned
-            fwd_evicted = st.fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
-            st.cursor = len(st.order)
-            st.order_max = _running_max(st.order)
-            st.prev_saved = st.saved
-            if st.index is not None and self.config.policy == "auto":
-                st.fwd_end = self._allocated(st)
-                peak_over = self._forward_peak_over(st)
-                guard = self._guard()
-                if guard is not None:
-                    guard.mark_peak(st.index)
-                    st.peak_marked = True
-                    st.bwd.begin(st.fwd_end)
+    def begin_backward(self, st: _DevState) -> None:
+        """The first unpack after a forward, on one device: learn from the forward that
+        ended (its end, its growth to the end, the next plan) and mark the net's running
+        peak for backward's lesson."""
+        # the net's evictions in forward were swaps the forecast should have planned
+        fwd_evicted = st.fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
+        st.prev_saved = st.saved
+        if st.index is not None and self.config.policy == "auto":
+            st.fwd_end = self._allocated_of(st)
+            peak_over = self._forward_peak_over(st)
+            guard = self._guard()
+            if guard is not None:
+                guard.mark_peak(st.index)
+                st.peak_marked = True
+                st.bwd.begin(st.fwd_end)
+            else:
+                # without the net: the program's peak so far, which the next
+                # forward compares backward's against (_backward_peak)
+                st.peak_before = device_memory.peak_allocated(st.index)
+            st.prev_off = st.rec_off
+            # the net's evictions count as swapped: left out, an end they lowered
+            # predicts the next forward under the trigger, it keeps what it should
+            # swap, and the net evicts again at the same place every step (on an
+            # H100 a Llama at 1.5x: 8 GB a step, synchronously, 7-8.6 s a step)
+            st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped, st.fwd_end,
+                                           st.planned + st.reactive + fwd_evicted)
+            st.rec_off, st.rec_unswapped = [], []
+            if self.config.plan:
+                st.taught_base = st.step_base  # the plan below is this base's
+                st.plan_before = st.plan
+                trig = swap_trigger(self.limit(st), self.margin(st))
+                swapped = st.planned + st.reactive + fwd_evicted
+                if swapped == 0 and st.fwd_end <= trig:
+                    plan = 0
                 else:
-                    # without the net: the program's peak so far, which the next
-                    # forward compares backward's against (_backward_peak)
-                    st.peak_before = device_memory.peak_allocated(st.index)
-                st.prev_off = st.rec_off
-                # the net's evictions count as swapped: left out, an end they lowered
-                # predicts the next forward under the trigger, it keeps what it should
-                # swap, and the net evicts again at the same place every step (on an
-                # H100 a Llama at 1.5x: 8 GB a step, synchronously, 7-8.6 s a step)
-                st.prev_growth = growth_to_end(st.rec_off, st.rec_unswapped, st.fwd_end,
-                                               st.planned + st.reactive + fwd_evicted)
-                st.rec_off, st.rec_unswapped = [], []
-                if self.config.plan:
-                    st.taught_base = st.step_base  # the plan below is this base's
-                    st.plan_before = st.plan
-                    trig = swap_trigger(self._device_limit(st), self._margin(st))
-                    swapped = st.planned + st.reactive + fwd_evicted
-                    if swapped == 0 and st.fwd_end <= trig:
-                        plan = 0
-                    else:
-                        plan = next_plan(swapped, st.fwd_end, trig,
-                                         max(256 * MiB, self._device_limit(st) // 128),
-                                         peak_over, rescued=fwd_evicted > 0)
-                    st.plan = int(damped(plan, st.plan or None))
-            self._pacer.drain(st, wait=False)
+                    plan = next_plan(swapped, st.fwd_end, trig,
+                                     max(256 * MiB, self.limit(st) // 128),
+                                     peak_over, rescued=fwd_evicted > 0)
+                st.plan = int(damped(plan, st.plan or None))

@@ -1,7 +1,7 @@
-"""The eviction net (``lms_swap_guard.cpp``, shipped with this package): the kept tensors' way
-out when the forecast fails.  A wheel built with the net carries it compiled for its torch
-(``prebuilt``); otherwise it is compiled at first use, once per PyTorch version, with
-``torch.utils.cpp_extension``."""
+"""The eviction net (``lms_swap_guard.cpp`` and the headers of its parts, shipped with this
+package): the kept tensors' way out when the forecast fails.  A wheel built with the net
+carries it compiled for its torch (``prebuilt``); otherwise it is compiled at first use, once
+per PyTorch version, with ``torch.utils.cpp_extension``."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from typing import Any, Dict, Optional
 import torch
 
 from . import prebuilt
-from .net_toolchain import (cached_build, cuda_include_dirs, cpu_only_reason,  # noqa: F401
-                            libstdcxx_link_flags, missing_cuda_headers, unsupported_reason)
+from .net_toolchain import (NET_HEADERS, cached_build, cuda_include_dirs,  # noqa: F401
+                            cpu_only_reason, libstdcxx_link_flags, missing_cuda_headers,
+                            unsupported_reason)
 
 # refused here, before anything else of the package runs: a prebuilt net of another torch
 prebuilt.check_at_import()
@@ -27,7 +28,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 GUARD_SOURCE = next((p for p in (os.path.join(_HERE, "lms_swap_guard.cpp"),
                                  os.path.join(os.path.dirname(_HERE), "lms_swap_guard.cpp"))
                      if os.path.isfile(p)), os.path.join(_HERE, "lms_swap_guard.cpp"))
-# The words of the net's out-of-memory message (``Guard::explain`` in lms_swap_guard.cpp)
+# the headers of the net's parts, which the source includes from its own folder
+GUARD_HEADERS = tuple(os.path.join(os.path.dirname(GUARD_SOURCE), h) for h in NET_HEADERS)
+# The words of the net's out-of-memory message (``Guard::explain`` in lms_swap_guard_eviction.h)
 # where it could move no more because its host swap space was full: the swapper raises
 # that error again as LMSHostMemoryError, the error of a host limit reached.
 HOST_FULL_WORDS = "its host swap space was full"
@@ -52,6 +55,10 @@ def build_guard(verbose: bool = False) -> Any:
     reason = missing_cuda_headers(inc) or cpu_only_reason()
     if reason:
         raise RuntimeError(reason)
+    missing = [os.path.basename(h) for h in GUARD_HEADERS if not os.path.isfile(h)]
+    if missing:
+        raise RuntimeError(f"the eviction net's source is incomplete: {', '.join(missing)} not "
+                           f"beside {GUARD_SOURCE}")
     return cpp_extension.load(name=_extension_name(), sources=[GUARD_SOURCE],
                               extra_include_paths=inc, extra_cflags=["-O2"],
                               extra_ldflags=libstdcxx_link_flags(), verbose=verbose)
@@ -69,7 +76,7 @@ def _compile_at_first_use(why: str) -> Any:
     if not cached:
         _say(f"compiling the eviction net ({os.path.basename(GUARD_SOURCE)}) for torch "
              f"{torch.__version__} because {why}; this takes one to three minutes (one C++ "
-             f"file against torch's headers), once: later runs reuse {folder}")
+             f"translation unit against torch's headers), once: later runs reuse {folder}")
     t0 = time.monotonic()
     mod = build_guard()
     if not cached:

@@ -1,8 +1,8 @@
-"""What compiling the eviction net (``lms_swap_guard.cpp``) needs besides a C++ compiler: a
-PyTorch whose caching allocator has trace trackers, and the CUDA runtime headers (and, for the
-pluggable allocator of :mod:`.allocator`, ``nvml.h``); where a compiled extension is cached.  Used at run
-time (``guard.build_guard``) and at build time (``lms-swap/setup.py`` loads this file on its
-own, so it imports nothing of this package)."""
+"""What compiling the eviction net (``lms_swap_guard.cpp``) needs besides a C++ compiler: its
+files, a PyTorch whose caching allocator has trace trackers, and the CUDA runtime headers (and,
+for the pluggable allocator of :mod:`.allocator`, ``nvml.h``); where a compiled extension is
+cached.  Used at run time (``guard.build_guard``) and at build time (``lms-swap/setup.py`` loads
+this file on its own, so it imports nothing of this package)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ import sys
 from typing import List, Optional
 
 import torch
+
+# The eviction net is one translation unit: NET_SOURCE, which includes the headers of the net's
+# parts (NET_HEADERS) from its own folder.  They go where it goes: lms-swap's package data
+# (pyproject.toml), torch/cuda/ in a PyTorch tree (patches/pytorch/shared.toml [repo_files]).
+NET_SOURCE = "lms_swap_guard.cpp"
+NET_HEADERS = ("lms_swap_guard_slot.h", "lms_swap_guard_eviction.h", "lms_swap_guard_hook.h",
+               "lms_swap_guard_peak.h", "lms_swap_guard_attach.h")
 
 # the headers the net includes from CUDA: cuda_runtime_api.h includes crt/host_defines.h
 CUDA_HEADERS = ("cuda_runtime_api.h", os.path.join("crt", "host_defines.h"))

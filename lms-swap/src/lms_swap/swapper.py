@@ -1,5 +1,12 @@
-"""The swapper: saved-tensor hooks that swap activations out under pressure and bring
-them back ahead of backward, and learn from each step what the next will need."""
+"""The swapper: saved-tensor hooks that swap activations out under pressure and bring them
+back ahead of backward, and the bookkeeping of each step's phases around them.  It owns what
+does the rest: the forecast (:class:`~.forecast.StepForecast`), the pacing of forward's copies
+out (:class:`~.copies.CopyPacer`), backward's copies in (:class:`~.prefetch.Prefetcher`) and
+the host pool (:class:`~.host_pool.HostPool`).
+
+Invariant: autograd holds, for each tensor saved, that tensor (without its history) or a handle
+that gives back its exact bytes and returns its host memory when dropped; a step's phase
+changes once per forward and once per backward, under the swapper's lock."""
 
 from __future__ import annotations
 
@@ -12,34 +19,24 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import device_memory
+from .autograd_facts import COMPILED_OOM, in_backward, in_compiled_graph, no_history
 from .chunked_loss import MIN_BYTES, LossPatch, hand_over
-from .copies import (CopyPacer, _copy_from_pieces, _copy_into_pieces, _flat_bytes,
-                     _plain_bytes)
+from .copies import CopyPacer, copy_into_pieces, flat_bytes, plain_bytes
 from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
                           _host_total, host_budget_default, host_mem_limit_from_env)
-from .forecast import _StepForecast
+from .forecast import StepForecast
 from .guard import HOST_FULL_WORDS, arm_guard, load_guard, loaded_guard
 from .host_pool import HostPool
 from .pinned import _releaser
-from .policy import (SwapConfig, _dense_span, _storage_bytes, in_tail,
-                     predict_forward_end, should_swap, swap_trigger)
+from .policy import SwapConfig, _dense_span, _storage_bytes
+from .prefetch import Prefetcher
+from .report import swap_stats
 from .state import _DevState, _Swapped, _check_version
 
+__all__ = ["ActivationSwapper"]
 
 _LOSS = LossPatch()  # F.cross_entropy while any swapper is entered (chunked_loss)
 _LOSS_LOCK = threading.Lock()
-
-
-def _no_history(t: torch.Tensor) -> torch.Tensor:
-    """What the pack hook returns for a tensor it keeps: the same data without its
-    autograd history.  A saved tensor can be an output of the node that saves it (exp,
-    sigmoid, ReLU save their result); returned with its history, the node would own a
-    tensor that owns the node, a cycle through C++ that no garbage collection breaks.
-    Backward frees it, but a graph that is dropped without a backward (an evaluation
-    pass with autograd on, a loss never differentiated) then stayed on the device for
-    good: 13 GiB per evaluation pass of a Llama at batch 4 on the H100.  Autograd puts
-    the history back when it unpacks, as for any tensor a hook returns."""
-    return t.detach() if t.requires_grad and not t.is_leaf else t
 
 
 def _device_key(device: torch.device) -> Optional[int]:
@@ -47,33 +44,7 @@ def _device_key(device: torch.device) -> Optional[int]:
     return device.index if device.type == "cuda" else None
 
 
-def _in_backward() -> bool:
-    """Whether the calling thread is running an autograd backward pass."""
-    task = getattr(torch._C, "_current_graph_task_id", None)
-    return task is not None and task() != -1
-
-
-_COMPILED_OOM = (
-    "CUDA out of memory inside a torch.compile'd graph. Activation swapping moves a "
-    "compiled graph's saved tensors only when the whole graph has run (the saved-tensor "
-    "hooks fire at its end), so it cannot lower the peak of one graph: compile smaller "
-    "pieces (each block or layer: `for block in blocks: block.compile()`), or use the "
-    "allocator's LMS (a patched PyTorch build), which moves memory inside graphs too. "
-    "The error was: ")
-
-
-def _in_compiled_graph(tb: Any) -> bool:
-    """Whether a traceback ran through code torch.compile generated."""
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if ("/torch/_inductor/" in name or "torchinductor_" in name
-                or "/_aot_autograd/" in name):
-            return True
-        tb = tb.tb_next
-    return False
-
-
-class ActivationSwapper(_StepForecast):
+class ActivationSwapper:
     """Saved-tensor hooks that swap activations to host memory under pressure.
 
     An instance is a context manager (like ``save_on_cpu``)::
@@ -103,8 +74,11 @@ class ActivationSwapper(_StepForecast):
         self._trace: List[tuple] = []
         self._t0 = time.perf_counter()
         self._tls = threading.local()  # per-thread stack of entered hooks
-        self._pacer = CopyPacer(self.config, self._device_limit, self._allocated,
+        self._forecast = StepForecast(self.config, self._guard, self._allocated)
+        self._pacer = CopyPacer(self.config, self._forecast.limit, self._allocated,
                                 lambda: self._pass_id)
+        self._prefetcher = Prefetcher(self.config, self._forecast, self._allocated,
+                                      lambda: self._pass_id)
         self._reset_counters()
 
     # -- configuration -------------------------------------------------------------
@@ -203,8 +177,8 @@ class ActivationSwapper(_StepForecast):
         h.__exit__(*exc)
         with _LOSS_LOCK:
             _LOSS.exit()
-        if isinstance(exc[1], _OutOfMemoryError) and _in_compiled_graph(exc[2]):
-            raise _OutOfMemoryError(_COMPILED_OOM + str(exc[1])) from exc[1]
+        if isinstance(exc[1], _OutOfMemoryError) and in_compiled_graph(exc[2]):
+            raise _OutOfMemoryError(COMPILED_OOM + str(exc[1])) from exc[1]
         if (isinstance(exc[1], _OutOfMemoryError) and not isinstance(exc[1], LMSHostMemoryError)
                 and HOST_FULL_WORDS in str(exc[1])):
             # the net refused for the host limit: the same error as a planned swap's
@@ -238,7 +212,7 @@ class ActivationSwapper(_StepForecast):
                     # what this forward kept on the device, the net moves if backward
                     # needs the room
                     now -= st.kept_movable
-                cap = self._device_cap(st)
+                cap = self._forecast.cap(st)
                 if mode == "auto" and now + 3 * size // 2 <= cap:
                     return False
                 if now + size // 2 > cap:
@@ -263,45 +237,16 @@ class ActivationSwapper(_StepForecast):
     # -- statistics ----------------------------------------------------------------
     def _reset_counters(self) -> None:
         self.c = collections.Counter()
-        self._pacer.reset()
+        for part in (self._pacer, self._forecast, self._prefetcher):  # each counts its own
+            part.reset()
 
     def stats(self) -> Dict[str, Any]:
         with self._lock:
             counts = collections.Counter(self.c)
-            counts.update(self._pacer.counts)
-            out: Dict[str, Any] = {
-                "swap." + k: v for k, v in sorted(counts.items())
-            }
-            out["swap.throttle_wait_ms"] = int(self._pacer.throttle_s * 1000)
-            for key in ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
-                        "kept_bytes", "small_count", "dedupe_hits", "prefetched",
-                        "prefetched_by_lesson", "prefetch_hits", "fetched_on_demand",
-                        "memory_queries", "planned_count", "reactive_count", "throttle_waits",
-                        "inflight_bounded",
-                        "tail_kept", "predicted_kept", "host_full_kept",
-                        "guard_fetched", "guard_forward_bytes", "guard_backward_bytes"):
-                out.setdefault("swap." + key, 0)
-            for dev, st in self._dev.items():
-                tag = f"dev{dev}" if dev is not None else "cpu"
-                out[f"policy.{tag}.margin_bytes"] = st.margin
-                out[f"policy.{tag}.slack_bytes"] = st.slack
-                out[f"policy.{tag}.device_limit_bytes"] = st.limit
-                out[f"policy.{tag}.plan_bytes"] = st.plan
-                out[f"policy.{tag}.prefetch_reserve_bytes"] = (
-                    self._prefetch_reserve(st) if st.largest else None)
-                out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
-                out[f"policy.{tag}.backward_peak_bytes"] = st.bwd_peak
-                out[f"policy.{tag}.backward_lesson_pad_bytes"] = st.bwd.pad
-                out[f"policy.{tag}.step_base_bytes"] = st.step_base
-                out[f"policy.{tag}.base_extra_bytes"] = st.base_extra
-            if self._pool is not None:
-                out.update(self._pool.stats())
-            g = loaded_guard() if self.config.guard else None
-            out["guard.active"] = int(g is not None and g.armed())
-            if g is not None:
-                out.update({"guard." + k: int(v) for k, v in g.stats().items()
-                            if k != "armed"})
-            return out
+            for part in (self._pacer, self._forecast, self._prefetcher):
+                counts.update(part.counts)
+            return swap_stats(counts, self._pacer.throttle_s, self._dev,
+                              self._forecast.prefetch_reserve, self._pool, self.config.guard)
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -345,12 +290,46 @@ class ActivationSwapper(_StepForecast):
         host = self._pool.in_use if self._pool is not None else 0
         self._trace.append((time.perf_counter() - self._t0, what, alloc, host))
 
+    # -- phases ----------------------------------------------------------------------
+    def _begin_forward(self) -> None:
+        """First pack after a backward: the forecast learns from the step that ended, and
+        a new swap order begins (the handles still alive keep their places, renumbered)."""
+        self._phase = "fwd"
+        self._dedupe.clear()
+        self._prefetch_pending = False
+        self._sig_pending = True
+        self._fwd_last, self._fwd_handles = None, []
+        if self._pool is not None:
+            self._pool.end_step()
+        for st in self._dev.values():
+            self._forecast.begin_forward(st)
+            alive = [r for r in st.order if r() is not None]
+            for i, r in enumerate(alive):
+                h = r()
+                if h is not None:
+                    h.index = i
+            st.order = alive
+            st.swapped_in_fwd = 0
+
+    def _begin_backward(self) -> None:
+        """First unpack after a forward: the forecast learns from the forward that ended;
+        prefetching starts at the end of the swap order; finished copies out are forgotten."""
+        self._phase = "bwd"
+        self._pass_id += 1
+        self._dedupe.clear()
+        self._kept_unpacks = 0
+        self._prefetch_pending = any(st.swapped_in_fwd for st in self._dev.values())
+        for st in self._dev.values():
+            self._forecast.begin_backward(st)
+            self._prefetcher.begin_backward(st)
+            self._pacer.drain(st, wait=False)
+
     # -- pack ------------------------------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
         """The pack hook: what :meth:`_pack_tensor` keeps goes to autograd without its
-        history (_no_history), whichever way it was kept."""
+        history (:func:`~.autograd_facts.no_history`), whichever way it was kept."""
         packed = self._pack_tensor(t)
-        return _no_history(t) if packed is t else packed
+        return no_history(t) if packed is t else packed
 
     def _pack_tensor(self, t: torch.Tensor) -> Any:
         """A handle for ``t`` (swapped, or kept evictable by the net), or ``t`` itself
@@ -359,11 +338,11 @@ class ActivationSwapper(_StepForecast):
         if t.is_leaf and t.requires_grad:
             return t  # parameters
         if (cfg.policy == "never" or t.device.type != cfg.device_type
-                or not _plain_bytes(t) or type(t) is not torch.Tensor):
+                or not plain_bytes(t) or type(t) is not torch.Tensor):
             return t  # (subclasses: DTensor, fake tensors, ...)
         nbytes = t.numel() * t.element_size()
         with self._lock:
-            if _in_backward():
+            if in_backward():
                 # recomputation inside backward (reentrant checkpointing, double
                 # backward): backward uses these at once, and they are no forward's
                 return self._save_in_backward(t, nbytes)
@@ -371,7 +350,7 @@ class ActivationSwapper(_StepForecast):
                 self._begin_forward()
             if self._sig_pending and t.device.type == "cuda":
                 self._sig_pending = False
-                self._enter_profile(self._state(t), t)
+                self._forecast.enter_profile(self._state(t), t)
             if nbytes < cfg.size_threshold or nbytes == 0:
                 self.c["small_count"] += 1
                 return t
@@ -420,7 +399,7 @@ class ActivationSwapper(_StepForecast):
                 # weak references only: an abandoned graph must free its buffers
                 self._dedupe[id(t)] = (weakref.ref(t), t._version,
                                        None if h is None else weakref.ref(h))
-            packed = _no_history(t) if h is None else h
+            packed = no_history(t) if h is None else h
             if packed is not t:
                 self._note_handle(packed)
             if cfg.trace:
@@ -481,53 +460,8 @@ class ActivationSwapper(_StepForecast):
         if self._is_loss_input(t):
             self.c["loss_inputs_to_host"] += 1
             return "pressure", True, True
-        tail = in_tail(saved_before, nbytes, st.prev_saved, st.largest)
-        pressure = self._pressure(st, nbytes, tail)
-        if st.planned < st.plan + st.base_extra:
-            return "plan", pressure, True
-        if pressure:
-            return "pressure", True, True
-        return None, False, True
-
-    def _pressure(self, st: _DevState, nbytes: int, tail: bool = False) -> bool:
-        """Whether the device allocation (which includes the tensor being saved) is over
-        the trigger by :func:`should_swap`; for a tensor of the tail (:func:`in_tail`),
-        only whether it is over the limit itself; while the tensor and one more like it
-        fit under the limit, also whether the previous step predicts forward's end over
-        the trigger (:func:`predict_forward_end`).  Queries the allocator only every
-        ``query_every`` tensors while the estimate stays far below the trigger.  (A
-        version that only waited for running copies instead of swapping, when those
-        copies alone explained the pressure, ran out of device memory at 1.5x on the
-        H100: the allocator no longer counts tensors whose copy is still running.)"""
-        limit, margin = self._device_limit(st), self._margin(st)
-        trigger = swap_trigger(limit, margin)
-        st.since_query += 1
-        slack = max(2 * st.largest, 1 * GiB)
-        if st.est + nbytes <= trigger - slack and st.since_query < self.config.query_every:
-            st.est += nbytes
-            return False
-        alloc = self._allocated(st)
-        st.est = alloc
-        st.since_query = 0
-        st.rec_off.append(st.saved)
-        # what the net moved is gone from the allocation as much as what was swapped
-        st.rec_unswapped.append(alloc + st.planned + st.reactive + self._net_moved(st))
-        if not should_swap(nbytes, alloc, limit, margin):
-            return False
-        if tail and alloc <= limit:
-            self.c["tail_kept"] += 1
-            return False
-        if alloc + nbytes <= limit:
-            # the previous step knows how this forward goes on: swap only when its end,
-            # not this moment's transients and one tensor looked ahead, would be over
-            # the trigger (GPT-2 on the H100 swapped a loss chunk per step for the
-            # logits that were alive while it was saved)
-            end = predict_forward_end(alloc, st.saved, st.prev_off, st.prev_growth,
-                                      st.prev_saved)
-            if end is not None and end <= trigger:
-                self.c["predicted_kept"] += 1
-                return False
-        return True
+        why, wait = self._forecast.decide(st, nbytes, saved_before)
+        return why, wait, True
 
     def _keep_evictable(self, t: torch.Tensor, nbytes: int) -> Optional[_Swapped]:
         """A handle for a tensor that stays on the device, registered with the eviction
@@ -544,22 +478,22 @@ class ActivationSwapper(_StepForecast):
         for the next output, stays under the limit."""
         if why == "always":
             return False
-        return self._allocated(st) + nbytes <= self._device_limit(st)
+        return self._allocated(st) + nbytes <= self._forecast.limit(st)
 
     def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
                   wait: bool = True) -> Optional[_Swapped]:
         pieces = self.pool.alloc_pieces(nbytes)  # may raise LMSHostMemoryError
         h = _Swapped.of(self, t, nbytes, host=pieces)
         h.offset = st.saved - nbytes  # (_decide counted it already)
-        src = _flat_bytes(t)
+        src = flat_bytes(t)
         if st.index is None:
-            _copy_into_pieces(pieces, src, non_blocking=False)
+            copy_into_pieces(pieces, src, non_blocking=False)
             h.d2h_event = None
         else:
             cur = torch.cuda.current_stream(t.device)
             st.d2h.wait_stream(cur)
             with torch.cuda.stream(st.d2h):
-                _copy_into_pieces(pieces, src, non_blocking=True)
+                copy_into_pieces(pieces, src, non_blocking=True)
                 ev = torch.cuda.Event()
                 ev.record(st.d2h)
             # the caching allocator must not reuse t's memory before the copy ran
@@ -596,7 +530,7 @@ class ActivationSwapper(_StepForecast):
                 with self._lock:
                     st = self._dev.get(_device_key(device))
                     if st is not None and st.order:
-                        self._prefetch(st, st.cursor, device)
+                        self._prefetcher.prefetch(st, st.cursor, device)
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Swapped):
@@ -616,9 +550,9 @@ class ActivationSwapper(_StepForecast):
             if h.ahead:
                 h.ahead = False
                 st.bwd.consumed(h.nbytes)
-            self._bwd_boundary(st, h)
+            self._forecast.backward_boundary(st, h)
             if h.gpu is None:
-                t = self._fetch(st, h)
+                t = self._prefetcher.fetch(st, h)
                 self.c["fetched_on_demand" if h.slot is None else "guard_fetched"] += 1
             else:
                 t = h.gpu
@@ -640,105 +574,12 @@ class ActivationSwapper(_StepForecast):
                 if h.index < st.cursor:
                     st.cursor = h.index
                 if self.config.prefetch_depth > 0:
-                    self._prefetch(st, h.index, h.device)
+                    self._prefetcher.prefetch(st, h.index, h.device)
             st.bwd.settle()
             if self.config.trace:
                 self._record_trace(st, "in")
         _check_version(h)
         return t
-
-    def _fetch(self, st: _DevState, h: _Swapped) -> torch.Tensor:
-        if st.index is None:
-            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
-            _copy_from_pieces(_flat_bytes(dst), h.host, non_blocking=False)
-            h.gpu = dst
-            self.c["in_count"] += 1
-            self.c["in_bytes"] += h.nbytes
-            return dst
-        cur = torch.cuda.current_stream(h.device)
-        try:
-            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
-        except _OutOfMemoryError:
-            # copies still running hold memory that the allocator frees once they end
-            torch.cuda.synchronize(h.device)
-            dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
-        # dst may reuse memory that work queued on `cur` still reads
-        st.h2d.wait_stream(cur)
-        if h.d2h_event is not None:
-            st.h2d.wait_event(h.d2h_event)
-        # a slot the net evicted: its bytes are in pageable memory, and the net's copy
-        # had finished before it freed the device memory
-        src = h.host if h.slot is None else [h.slot.host_bytes()]
-        with torch.cuda.stream(st.h2d):
-            _copy_from_pieces(_flat_bytes(dst), src, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(st.h2d)
-        # No dst.record_stream(st.h2d): the stream dst was allocated on waits for the
-        # copy before it uses dst (_unpack) or drops it unused (_release), so memory
-        # freed there is never reused under the copy.  Marked, every fetched tensor left
-        # an event on the copy stream when it was freed, and the caching allocator,
-        # before it releases its cache to serve a request, waits for all such events:
-        # every prefetch queued behind it (on the H100, a UNet at 1.5x blocked 0.78 s at
-        # backward's first convolution while the compute stream ran dry).
-        h.gpu = dst
-        h.gpu_stream = cur
-        h.h2d_event = ev
-        self.c["in_count"] += 1
-        self.c["in_bytes"] += h.nbytes
-        return dst
-
-    def _prefetch(self, st: _DevState, start: int, device: torch.device) -> None:
-        """Fetch the swapped tensors below position ``start`` of the pack order
-        (backward needs them in about that order), at most ``prefetch_depth`` ahead and
-        only while the device allocation stays under forward's end and under the limit
-        less :meth:`_prefetch_reserve` (the room backward needs for itself)."""
-        depth = int(self.config.prefetch_depth)
-        order = st.order
-        j = min(start, len(order)) - 1
-        count = 0
-        free = None
-        old_free = fetched = 0
-        limit = self._device_limit(st)
-        while j >= 0 and count < depth:
-            c = order[j]()
-            j -= 1
-            if c is None or c.pass_id == self._pass_id or c.owner is None:
-                continue
-            if c.device != device:
-                continue
-            count += 1
-            if c.gpu is not None:
-                continue
-            if free is None:
-                ceiling = limit - self._prefetch_reserve(st)
-                if st.fwd_end is not None and self.config.policy == "auto":
-                    # never hold more than forward left: backward's peak over forward's
-                    # end then measures backward's own need (the margin), not how far
-                    # prefetching went (a margin that fed on its own prefetching stayed
-                    # at 17 GB for a GPT-2 that needed less, on the H100)
-                    ceiling = min(ceiling, st.fwd_end)
-                alloc = self._allocated(st)
-                free = old_free = ceiling - alloc
-                if (self.config.policy == "auto" and self.config.prefetch_past_peak
-                        and st.bwd.recording):
-                    # past backward's peak, by what the last backward of this shape did
-                    pos = min(start, len(st.order_max)) - 1
-                    ahead = st.order_max[pos] if pos >= 0 else 0
-                    room = st.bwd.room(st.bwd_lesson, limit, alloc,
-                                       int(self._reserve_factor(st) * ahead))
-                    if room is not None and room > free:
-                        free = room
-            if fetched + c.nbytes > free:
-                self.c["prefetch_deferred"] += 1
-                break
-            self._fetch(st, c)
-            c.ahead = True
-            st.bwd.prefetched(c.nbytes)
-            fetched += c.nbytes
-            self.c["prefetched"] += 1
-            if fetched > old_free:
-                st.bwd.used = True
-                self.c["prefetched_by_lesson"] += 1
 
     # -- release -----------------------------------------------------------------------
     def _release(self, h: _Swapped) -> None:
@@ -751,7 +592,7 @@ class ActivationSwapper(_StepForecast):
         ev = h.h2d_event if h.h2d_event is not None else h.d2h_event
         if h.gpu is not None and h.h2d_event is not None and h.gpu_stream is not None:
             # fetched and never used: its memory goes back to the allocating stream,
-            # which must not reuse it under the running copy (see _fetch)
+            # which must not reuse it under the running copy (see Prefetcher.fetch)
             h.gpu_stream.wait_event(h.h2d_event)
         h.gpu = None
         if self._pool is not None and host is not None:

@@ -70,6 +70,8 @@ def test_the_wheel_is_made_for_this_torch(wheel):
     assert f"Requires-Dist: torch=={public}" in meta, meta
     assert any(n.startswith("lms_swap/_lms_swap_guard.") and n.endswith(".so") for n in names), names
     assert "lms_swap/lms_swap_guard.cpp" in names  # the source stays: the fallback compiles it
+    headers = [p.name for p in (REPO / "lms-swap" / "src" / "lms_swap").glob("lms_swap_guard_*.h")]
+    assert headers and {f"lms_swap/{h}" for h in headers} <= set(names), names  # and what it includes
     assert "-linux_x86_64.whl" in wheel.path.name, wheel.path.name
 
 
