@@ -101,8 +101,8 @@ def test_a_step_whose_forward_needed_the_net_teaches_nothing(bp):
 
 def test_a_lesson_is_kept_for_its_exact_shape_only(m):
     from lms_swap.profiles import ShapeProfiles
-    from lms_swap.state import _DevState
-    st = _DevState(None)
+    from lms_swap.state import DevState
+    st = DevState(None)
     profiles = ShapeProfiles()
     profiles.enter(st, ((4, 128), "torch.int64"))
     st.plan, st.prev_saved, st.largest, st.bwd_lesson = 1, 2, 3, "lesson of 4x128"

@@ -28,9 +28,9 @@ class Copy:
 @pytest.fixture
 def pacer_and_state(m):
     from lms_swap.copies import CopyPacer
-    from lms_swap.state import _DevState
+    from lms_swap.state import DevState
 
-    st = _DevState(0)
+    st = DevState(0)
     st.largest = 2 * GiB
     allocated = {"now": 60 * GiB}
     config = types.SimpleNamespace(max_inflight_bytes=1 * GiB)

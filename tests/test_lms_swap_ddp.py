@@ -60,7 +60,7 @@ def _rank_main(rank: int, world: int, rdzv: str, out: str) -> None:
                              "swapped": st["swap.out_count"], "in_use": st.get("host.in_use_bytes")}
         os.environ.pop(lms_swap.ENV_HOST_LIMIT, None)
         results["default_limit"] = lms_swap.ActivationSwapper(device_type="cpu")._host_limits()[0]
-        results["host_total"] = lms_swap._host_total()
+        results["host_total"] = lms_swap.host_total()
         pathlib.Path(out).write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()

@@ -28,7 +28,7 @@ def test_the_forecast_counts_what_the_net_moved_once_per_phase(m):
     net = _Net()
     forecast = StepForecast(m.SwapConfig(device_type="cpu", policy="auto"), guard=lambda: net,
                             allocated_of=lambda st: 0)
-    st = m._DevState(None)
+    st = m.DevState(None)
     st.saved, st.planned, st.rec_off = 5 * MiB, MiB, [0]
     net.moved = 3 * MiB                     # the net moved 3 MiB in forward
     forecast.begin_backward(st)
@@ -50,7 +50,7 @@ def test_the_plan_comes_first_then_pressure(m):
                           margin=10 * MiB, query_every=1)
     level = {"now": 0}
     forecast = StepForecast(config, guard=lambda: None, allocated_of=lambda st: level["now"])
-    st = m._DevState(None)
+    st = m.DevState(None)
     st.largest, st.plan = MiB, 2 * MiB
     assert forecast.decide(st, MiB, 0) == ("plan", False)
     st.planned = 2 * MiB                    # the plan is swapped
@@ -69,11 +69,11 @@ class _Owner:
 def _swapped(m, owner, value, order):
     """A handle whose bytes are in host memory, last in the swap order ``order``."""
     from lms_swap.copies import copy_into_pieces, flat_bytes
-    from lms_swap.state import _Swapped
+    from lms_swap.state import Swapped
     t = torch.full((MiB // 4,), float(value))
     piece = torch.empty(MiB, dtype=torch.uint8)
     copy_into_pieces([piece], flat_bytes(t), non_blocking=False)
-    h = _Swapped.of(owner, t, MiB, host=[piece])
+    h = Swapped.of(owner, t, MiB, host=[piece])
     h.index = len(order)
     order.append(weakref.ref(h))
     return h
@@ -88,7 +88,7 @@ def prefetcher_and_state(m):
                                      prefetch_reserve=lambda st: room["reserve"],
                                      reserve_factor=lambda st: 1.5)
     prefetcher = Prefetcher(config, forecast, lambda st: room["now"], lambda: 1)
-    return prefetcher, m._DevState(None), room
+    return prefetcher, m.DevState(None), room
 
 
 def test_prefetching_stops_at_the_reserve_and_fetches_newest_first(m, prefetcher_and_state):

@@ -65,7 +65,7 @@ def test_the_net_has_its_host_budget_before_it_is_armed(m, monkeypatch, source):
         monkeypatch.setenv(m.ENV_HOST_LIMIT, "456")
         want = 456 * MiB
     else:
-        want = int(m._host_total() * 0.80) // 8
+        want = int(m.host_total() * 0.80) // 8
     sw = m.ActivationSwapper(**kw)  # device_type cuda: the net is asked for
     assert sw._guard() is net
     assert sw._pool is None  # nothing swapped yet
@@ -179,7 +179,7 @@ def test_version_check_keeps_no_storage_alive(m):
     gc.collect()
     # the storage of b lives on only through autograd's saved tensor, which was swapped:
     # the handle's version alias must not hold it
-    h = [x for x in gc.get_objects() if isinstance(x, m.state._Swapped)]
+    h = [x for x in gc.get_objects() if isinstance(x, m.state.Swapped)]
     assert h
     for x in h:
         alias = x.version_of

@@ -19,12 +19,12 @@ def env(m):
 
 
 def test_stock_torch_uses_lms_swaps_copy(m, env, monkeypatch):
-    monkeypatch.setattr(env, "_allocator_lms", lambda: None)
+    monkeypatch.setattr(env, "allocator_lms", lambda: None)
     monkeypatch.delenv(m.ENV_HOST_LIMIT, raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert m.host_budget_source() == env.HOST_BUDGET_LMS_SWAP
     assert m.host_budget_default(100 * GiB) == int(100 * GiB * 0.80) // 4
-    total = m._host_total()
+    total = m.host_total()
     sw = m.ActivationSwapper(device_type="cpu")
     assert sw._host_limits()[0] == (int(total * 0.80) // 4 if total else 64 * GiB)
 
@@ -58,7 +58,7 @@ def test_patched_build_asks_the_allocators_rule(m, env, monkeypatch):
         calls.append((limit_mb, lws, host_bytes))
         return 12345 if host_bytes else 0
 
-    monkeypatch.setattr(env, "_allocator_lms", lambda: types.SimpleNamespace(_host_budget_rule=rule))
+    monkeypatch.setattr(env, "allocator_lms", lambda: types.SimpleNamespace(_host_budget_rule=rule))
     monkeypatch.setenv(m.ENV_HOST_LIMIT, "64")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert m.host_budget_source() == env.HOST_BUDGET_ALLOCATOR
@@ -71,7 +71,7 @@ def test_patched_build_asks_the_allocators_rule(m, env, monkeypatch):
 
 def test_a_patched_torch_whose_library_has_no_rule_falls_back(m, env, monkeypatch):
     """torch.cuda.lms without a libc10_cuda rule (an older build) answers None: lms_swap's copy."""
-    monkeypatch.setattr(env, "_allocator_lms",
+    monkeypatch.setattr(env, "allocator_lms",
                         lambda: types.SimpleNamespace(_host_budget_rule=lambda *a: None))
     monkeypatch.delenv(m.ENV_HOST_LIMIT, raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -91,7 +91,7 @@ def test_the_pluggable_allocators_lms_shares_one_host_budget(m, env, monkeypatch
                                 get_limit_lms=lambda: 0)
     env.use_allocator_lms(lms)
     try:
-        assert env._allocator_lms() is lms
+        assert env.allocator_lms() is lms
         sw = m.ActivationSwapper(device_type="cpu", host_limit=64 * MiB, host_min_available=0)
         buf = sw.pool.alloc(1 * MiB)
         assert booked and booked[0] >= 1 * MiB, booked
@@ -99,4 +99,4 @@ def test_the_pluggable_allocators_lms_shares_one_host_budget(m, env, monkeypatch
         del buf
     finally:
         env.use_allocator_lms(None)
-    assert env._allocator_lms() is None
+    assert env.allocator_lms() is None

@@ -465,13 +465,13 @@ def test_the_nets_count_of_bytes_being_given_back_survives_a_second_pool(m):
     """Every swapper's pool installs the net's hook on the one releaser: installed again
     while bytes are pending, the net must not count them twice (it would refuse room
     that exists)."""
-    _releaser = importlib.import_module(m.__name__ + ".pinned")._releaser
+    releaser = importlib.import_module(m.__name__ + ".pinned").releaser
     gate, total = threading.Event(), {"n": 0}
 
     def hook(delta):
         total["n"] += delta
 
-    old = _releaser.on_pending
+    old = releaser.on_pending
     pool = m.HostPool(keep_seconds=0, limit=1 << 40, pin=False, keep_steps=1, chunk_bytes=4 * MiB,
                       reserve_fn=lambda n: True, release_fn=lambda n: gate.wait(10))
     try:
@@ -479,16 +479,16 @@ def test_the_nets_count_of_bytes_being_given_back_survives_a_second_pool(m):
         pool.free(b)
         del b
         pool.end_step()
-        assert pool.end_step() == 4 * MiB and _releaser.pending == 4 * MiB
-        _releaser.set_on_pending(hook)
-        _releaser.set_on_pending(hook)                # a second pool, the same net
+        assert pool.end_step() == 4 * MiB and releaser.pending == 4 * MiB
+        releaser.set_on_pending(hook)
+        releaser.set_on_pending(hook)                # a second pool, the same net
         assert total["n"] == 4 * MiB
         gate.set()
         pool.wait_released()
         assert total["n"] == 0
     finally:
         gate.set()
-        _releaser.set_on_pending(old)
+        releaser.set_on_pending(old)
 
 
 def test_a_chunk_given_back_unseen_is_dropped_when_the_pool_reaches_for_it(m):

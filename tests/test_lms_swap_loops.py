@@ -267,9 +267,9 @@ def test_a_step_that_begins_above_its_lesson_swaps_the_difference_too(m):
     taught; a dropped forward teaches no base, and a step at the lesson's base swaps
     only the plan."""
     from lms_swap.forecast import StepForecast
-    from lms_swap.state import _DevState
+    from lms_swap.state import DevState
     sw = m.ActivationSwapper(device_type="cpu", policy="auto")
-    st = _DevState(0)
+    st = DevState(0)
     level = {"now": 10 << 30}
     forecast = StepForecast(sw.config, guard=lambda: None,
                             allocated_of=lambda _st: level["now"])

@@ -30,7 +30,7 @@ def test_ranks_on_a_node_share_its_host_memory(m, monkeypatch):
     monkeypatch.delenv(m.ENV_HOST_LIMIT, raising=False)
     monkeypatch.delenv("RANK", raising=False)
     one, _ = m.ActivationSwapper()._host_limits()
-    assert one == int(m._host_total() * 0.80)
+    assert one == int(m.host_total() * 0.80)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")          # torchrun, 4 ranks on this node
     assert m.local_world_size() == 4
     assert m.ActivationSwapper()._host_limits()[0] == one // 4
@@ -202,7 +202,7 @@ def test_forward_end_prediction(m):
 
 
 def test_dense_span(m):
-    f = m._dense_span
+    f = m.dense_span
     x = torch.empty(4, 3, 8, 8)
     assert f(x) and f(x.to(memory_format=torch.channels_last))
     assert f(x.transpose(0, 1)) and f(x.permute(3, 1, 0, 2))
@@ -259,7 +259,7 @@ def test_first_step_margin_with_the_net_waits_for_its_first_eviction(m):
     net = _CountingNet()
     sw = cpu_swapper(m, policy="auto", min_margin=64 * MiB)
     forecast = StepForecast(sw.config, guard=lambda: net, allocated_of=lambda st: 0)
-    st = m._DevState(None)
+    st = m.DevState(None)
     st.largest = 32 * MiB
     assert forecast.margin(st) == 64 * MiB
     assert forecast.min_margin_factor() == 0.0
@@ -271,7 +271,7 @@ def test_first_step_margin_with_the_net_waits_for_its_first_eviction(m):
 def test_without_the_net_the_first_step_keeps_its_share(m):
     sw = cpu_swapper(m, policy="auto", min_margin=64 * MiB)
     assert sw._guard() is None
-    st = m._DevState(None)
+    st = m.DevState(None)
     st.largest = 32 * MiB
     forecast = sw._forecast
     assert forecast.margin(st) == max(5 * 32 * MiB, int(0.35 * forecast.limit(st)))

@@ -180,14 +180,14 @@ import torch
 
 from . import guard  # noqa: F401  (the module: its loaded net is process state)
 from .environment import (ENV_HOST_LIMIT, ENV_THRESHOLD, GiB, KiB, LMSHostMemoryError,  # noqa: F401
-                          MiB, _host_total, host_budget_default, host_budget_rule,
-                          host_budget_source, host_mem_limit_from_env, local_world_size)
+                          MiB, host_budget_default, host_budget_rule, host_budget_source,
+                          host_mem_limit_from_env, host_total, local_world_size)
 from .guard import GUARD_SOURCE, build_guard, load_guard  # noqa: F401
 from .host_pool import HostPool  # noqa: F401
-from .policy import (SwapConfig, _dense_span, damped, growth_to_end, in_tail,  # noqa: F401
+from .policy import (SwapConfig, damped, dense_span, growth_to_end, in_tail,  # noqa: F401
                      inflight_room, learn_margin, next_margin_factor, next_plan, next_reserve_factor,
                      next_slack, predict_forward_end, should_swap, swap_trigger)
-from .state import _DevState  # noqa: F401
+from .state import DevState  # noqa: F401
 from .swapper import ActivationSwapper
 
 __all__ = [

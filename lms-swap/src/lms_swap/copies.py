@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional
 import torch
 
 from .policy import inflight_room
-from .state import _DevState
+from .state import DevState
 
 __all__ = ["CopyPacer", "plain_bytes", "flat_bytes", "copy_into_pieces", "copy_from_pieces"]
 
@@ -23,8 +23,8 @@ class CopyPacer:
     Counts its waits in ``counts`` (``throttle_waits``, ``inflight_bounded``) and the time
     they took in ``throttle_s``."""
 
-    def __init__(self, config: Any, limit_of: Callable[[_DevState], int],
-                 allocated_of: Callable[[_DevState], int],
+    def __init__(self, config: Any, limit_of: Callable[[DevState], int],
+                 allocated_of: Callable[[DevState], int],
                  pass_id: Callable[[], int]) -> None:
         self.config = config
         self._limit_of = limit_of
@@ -36,10 +36,10 @@ class CopyPacer:
         self.counts: collections.Counter = collections.Counter()
         self.throttle_s = 0.0
 
-    def _allowance(self, st: _DevState) -> int:
+    def _allowance(self, st: DevState) -> int:
         return max(int(self.config.max_inflight_bytes), st.largest)
 
-    def bound(self, st: _DevState, nbytes: int) -> None:
+    def bound(self, st: DevState, nbytes: int) -> None:
         """Keeps the device memory of tensors waiting for their copy out, with the
         allocation, under the limit less room for the next allocation (the largest
         saved tensor): waits for the oldest copies first, as few as needed.  Checked at
@@ -74,7 +74,7 @@ class CopyPacer:
             self.counts["inflight_bounded"] += 1
             self.drain(st, wait=True, allowance=max(nbytes, room))
 
-    def drain(self, st: _DevState, wait: bool, allowance: Optional[int] = None) -> None:
+    def drain(self, st: DevState, wait: bool, allowance: Optional[int] = None) -> None:
         """Forget finished device->host copies; with ``wait``, block until not more
         than the in-flight allowance is waiting."""
         if allowance is None:
@@ -108,7 +108,7 @@ def plain_bytes(t: torch.Tensor) -> bool:
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """The bytes of a tensor whose elements fill their span of its storage densely
-    (:func:`_dense_span`: contiguous in some order of dimensions), as one flat uint8
+    (:func:`dense_span`: contiguous in some order of dimensions), as one flat uint8
     tensor, in storage order."""
     return t.as_strided((t.numel(),), (1,), t.storage_offset()).view(torch.uint8)
 

@@ -10,6 +10,11 @@ from typing import Any, Dict, Optional
 
 import torch
 
+__all__ = ["ENV_HOST_LIMIT", "ENV_THRESHOLD", "GiB", "HOST_BUDGET_ALLOCATOR", "HOST_BUDGET_LMS_SWAP",
+           "KiB", "LMSHostMemoryError", "MiB", "OutOfMemoryError", "allocator_lms", "check_environment",
+           "fmt", "host_available", "host_budget_default", "host_budget_rule", "host_budget_source",
+           "host_mem_limit_from_env", "host_total", "local_world_size", "threshold_from_env",
+           "use_allocator_lms"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -19,12 +24,12 @@ ENV_HOST_LIMIT = "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB"
 ENV_THRESHOLD = "PYTORCH_LMS_SWAP_THRESHOLD_IN_KB"
 
 
-_OutOfMemoryError = (getattr(torch, "OutOfMemoryError", None)          # torch >= 2.5
-                     or getattr(torch.cuda, "OutOfMemoryError", None)     # older
-                     or RuntimeError)
+OutOfMemoryError = (getattr(torch, "OutOfMemoryError", None)         # torch >= 2.5
+                    or getattr(torch.cuda, "OutOfMemoryError", None)     # older
+                    or RuntimeError)
 
 
-class LMSHostMemoryError(_OutOfMemoryError):
+class LMSHostMemoryError(OutOfMemoryError):
     """Raised when swap space in pinned host memory would exceed its limit (a
     ``torch.OutOfMemoryError``, so code that handles out-of-memory handles it too).
     Under ``torchrun`` the message names the rank and how many processes share the
@@ -67,11 +72,11 @@ def _meminfo() -> Dict[str, int]:
     return out
 
 
-def _host_total() -> int:
+def host_total() -> int:
     return _meminfo().get("MemTotal", 0)
 
 
-def _host_available() -> Optional[int]:
+def host_available() -> Optional[int]:
     return _meminfo().get("MemAvailable")
 
 
@@ -142,7 +147,7 @@ def host_budget_rule(limit_mb: Optional[str], local_world_size: Optional[str],
 def _allocator_budget_rule() -> Any:
     """The patched allocator's rule (``torch.cuda.lms._host_budget_rule``) when this torch
     has one that its libc10_cuda answers, else None."""
-    lms = _allocator_lms()
+    lms = allocator_lms()
     rule = getattr(lms, "_host_budget_rule", None) if lms is not None else None
     if rule is None:
         return None
@@ -169,7 +174,7 @@ def host_budget_default(host_bytes: int) -> int:
     return host_budget_rule(*args)
 
 
-def _threshold_from_env() -> Optional[int]:
+def threshold_from_env() -> Optional[int]:
     kb = _env_number(ENV_THRESHOLD, "KiB", "1024")
     return None if kb is None else int(kb * KiB)
 
@@ -179,10 +184,10 @@ def check_environment() -> None:
     fails where swapping is set up (enable, configure, swapping) rather than at the first
     swap, many steps in.  ValueError names the variable, its value and what is accepted."""
     host_mem_limit_from_env()
-    _threshold_from_env()
+    threshold_from_env()
 
 
-def _fmt(n: Optional[float]) -> str:
+def fmt(n: Optional[float]) -> str:
     if n is None:
         return "?"
     n = float(n)
@@ -204,7 +209,7 @@ def use_allocator_lms(lms: Any) -> None:
     _pluggable_lms = lms
 
 
-def _allocator_lms() -> Any:
+def allocator_lms() -> Any:
     """``torch.cuda.lms`` on a patched build, else the installed pluggable allocator's LMS
     (:func:`use_allocator_lms`), else None (never raises)."""
     mod = getattr(torch.cuda, "lms", None)

@@ -6,7 +6,7 @@ that applies them to each tensor forward saves (the plan's first, then the press
 :class:`StepForecast` is an object the swapper owns (as it owns its
 :class:`~.copies.CopyPacer`): it is handed the swapper's tunables, the eviction net and a
 reading of the device allocation, keeps what it learns in each device's state
-(:class:`~.state._DevState`) and counts in its own ``counts``; the arithmetic itself is in
+(:class:`~.state.DevState`) and counts in its own ``counts``; the arithmetic itself is in
 :mod:`.policy`.
 
 It keeps one invariant across phases: each byte the eviction net moves is taught once, to the
@@ -23,12 +23,12 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from . import device_memory
-from .environment import GiB, MiB, _allocator_lms
+from .environment import GiB, MiB, allocator_lms
 from .policy import (damped, growth_to_end, in_tail, next_margin_factor, next_plan,
                      next_reserve_factor, next_slack, predict_forward_end, settled_plan,
                      should_swap, swap_trigger)
 from .profiles import signature
-from .state import _DevState
+from .state import DevState
 
 __all__ = ["StepForecast"]
 
@@ -56,7 +56,7 @@ class StepForecast:
     learned and what the net moved in ``counts``."""
 
     def __init__(self, config: Any, guard: Callable[[], Any],
-                 allocated_of: Callable[[_DevState], int]) -> None:
+                 allocated_of: Callable[[DevState], int]) -> None:
         self.config = config
         self._guard = guard
         self._allocated_of = allocated_of
@@ -66,7 +66,7 @@ class StepForecast:
         self.counts: collections.Counter = collections.Counter()
 
     # -- limits ------------------------------------------------------------------------
-    def limit(self, st: _DevState) -> int:
+    def limit(self, st: DevState) -> int:
         """The device allocation the swapper aims under (read once, kept in ``st.limit``)."""
         if st.limit is None:
             cfg = self.config
@@ -76,7 +76,7 @@ class StepForecast:
                 st.limit = 1 << 62
             else:
                 lim = cap = 0
-                lms = _allocator_lms()
+                lms = allocator_lms()
                 get = getattr(lms, "get_limit_lms", None) if lms else None
                 if get is None:
                     get = getattr(torch.cuda, "get_limit_lms", None)
@@ -109,13 +109,13 @@ class StepForecast:
                 st.cap = max(cap, lim)
         return st.limit
 
-    def cap(self, st: _DevState) -> int:
+    def cap(self, st: DevState) -> int:
         """What the caching allocator can have at most: free plus reserved memory when
         the net sets the limit, else the limit itself."""
         lim = self.limit(st)
         return st.cap if st.cap is not None else lim
 
-    def margin(self, st: _DevState) -> int:
+    def margin(self, st: DevState) -> int:
         """Room kept for backward's own allocations: a fixed ``margin``, else the learned
         factor (``margin_factor`` until a step was seen) times the largest saved tensor
         (backward's gradients scale with it)."""
@@ -140,7 +140,7 @@ class StepForecast:
                             int(float(frac) * self.limit(st)))
         return st.margin
 
-    def prefetch_reserve(self, st: _DevState) -> int:
+    def prefetch_reserve(self, st: DevState) -> int:
         """Device memory prefetching leaves free for backward's own allocations: the
         margin, and at least ``prefetch_reserve_factor`` times the largest saved tensor
         (raised by a quarter after a step whose backward went over the limit).  Not
@@ -149,7 +149,7 @@ class StepForecast:
         not predict."""
         return max(self.margin(st), int(self.reserve_factor(st) * st.largest) + 256 * MiB)
 
-    def reserve_factor(self, st: _DevState) -> float:
+    def reserve_factor(self, st: DevState) -> float:
         """The prefetch headroom per byte of the largest saved tensor: the tunable, or more
         where a backward went over the limit."""
         return max(float(self.config.prefetch_reserve_factor), st.reserve_k)
@@ -163,7 +163,7 @@ class StepForecast:
         return float(f)
 
     # -- the rule for each tensor ------------------------------------------------------
-    def decide(self, st: _DevState, nbytes: int,
+    def decide(self, st: DevState, nbytes: int,
                saved_before: int) -> Tuple[Optional[str], bool]:
         """Why a tensor of ``nbytes`` that forward saves after ``saved_before`` bytes, and
         that could be swapped, is swapped: ``"plan"`` while the plan (and the base the step
@@ -178,7 +178,7 @@ class StepForecast:
             return "pressure", True
         return None, False
 
-    def pressure(self, st: _DevState, nbytes: int, tail: bool = False) -> bool:
+    def pressure(self, st: DevState, nbytes: int, tail: bool = False) -> bool:
         """Whether the device allocation (which includes the tensor being saved) is over
         the trigger by :func:`~.policy.should_swap`; for a tensor of the tail
         (:func:`~.policy.in_tail`), only whether it is over the limit itself; while the
@@ -220,7 +220,7 @@ class StepForecast:
         return True
 
     # -- phases ----------------------------------------------------------------------
-    def begin_forward(self, st: _DevState) -> None:
+    def begin_forward(self, st: DevState) -> None:
         """The first pack after a backward, on one device: learn from the step that ended
         (the margin, the slack, the plan's settling, backward's lesson) and start this
         forward's record."""
@@ -295,7 +295,7 @@ class StepForecast:
         st.kept_movable = 0
         st.rec_off, st.rec_unswapped = [], []
 
-    def enter_profile(self, st: _DevState, t: torch.Tensor) -> None:
+    def enter_profile(self, st: DevState, t: torch.Tensor) -> None:
         """The forward that saves ``t`` first begins: what earlier steps of its shape
         taught replaces what the step before taught (:mod:`.profiles`)."""
         base = self._allocated_of(st) if st.index is not None else 0
@@ -309,14 +309,14 @@ class StepForecast:
                 st.base_extra = base - st.taught_base
                 self.counts["plan_base_raises"] += 1
 
-    def _backward_peak(self, st: _DevState) -> Tuple[int, bool]:
+    def _backward_peak(self, st: DevState) -> Tuple[int, bool]:
         """Backward's peak where the net did not measure it: the program's
         ``max_memory_allocated``, which lms_swap must not reset: an older step's peak
         when this one set none, so only an upper bound (a first step at twice the
         memory held a UNet's margin at 28.5 GB for good)."""
         return device_memory.peak_allocated(st.index), False
 
-    def backward_boundary(self, st: _DevState, h: Any) -> None:
+    def backward_boundary(self, st: DevState, h: Any) -> None:
         """Backward unpacks swapped tensor ``h``: one interval of backward's memory ends
         and the next begins (:class:`~.backward_profile.BackwardProfile`)."""
         guard = self._guard()
@@ -325,7 +325,7 @@ class StepForecast:
         st.bwd.boundary(h.offset, guard.peak_growth(st.index), self._allocated_of(st))
         guard.mark_peak(st.index)
 
-    def _forward_peak_over(self, st: _DevState) -> Optional[int]:
+    def _forward_peak_over(self, st: DevState) -> Optional[int]:
         """How far this forward's peak went over what the allocator can have (negative:
         under it), by the net's running peak since forward's start; None without the
         net, or when forward's start was not marked."""
@@ -336,7 +336,7 @@ class StepForecast:
         peak = st.fwd_base + int(guard.peak_growth(st.index))
         return peak - self.cap(st)
 
-    def _net_evicted(self, st: _DevState, counter: str) -> int:
+    def _net_evicted(self, st: DevState, counter: str) -> int:
         """Bytes the eviction net moved since the last phase began (counted under
         ``counter``)."""
         guard = self._guard()
@@ -346,16 +346,16 @@ class StepForecast:
             self.counts[counter] += moved
         return moved
 
-    def _net_moved(self, st: _DevState) -> int:
+    def _net_moved(self, st: DevState) -> int:
         """Bytes the eviction net has moved so far in this phase (0 without the net)."""
         guard = self._guard()
         return guard.evicted_bytes() - st.guard_seen if guard is not None else 0
 
-    def _net_idle(self, st: _DevState) -> bool:
+    def _net_idle(self, st: DevState) -> bool:
         """Whether the eviction net is there and has moved nothing in this phase."""
         return self._guard() is not None and self._net_moved(st) == 0
 
-    def begin_backward(self, st: _DevState) -> None:
+    def begin_backward(self, st: DevState) -> None:
         """The first unpack after a forward, on one device: learn from the forward that
         ended (its end, its growth to the end, the next plan) and mark the net's running
         peak for backward's lesson."""

@@ -12,9 +12,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .environment import ENV_HOST_LIMIT, MiB, LMSHostMemoryError, _fmt, _host_available
+from .environment import ENV_HOST_LIMIT, MiB, LMSHostMemoryError, fmt, host_available
 from .host_ranges import Chunk as _Chunk, FreeRanges
-from .pinned import _PAGE, _releaser, map_host
+from .pinned import PAGE, map_host, releaser
 
 _ALIGN = 4096       # every range starts on a 4 KiB boundary
 _HUGE = 2 * MiB     # chunks are whole huge pages where the kernel has them
@@ -89,7 +89,7 @@ class HostPool:
         min_available: int = 0,
         reserve_fn=None,
         release_fn=None,
-        available_fn=_host_available,
+        available_fn=host_available,
         extra_fn=None,
         on_change=None,
         net=None,
@@ -121,7 +121,7 @@ class HostPool:
         self.max_keep_seconds = float(max_keep_seconds)
         self._clock = clock
         self._gave_back_use: Optional[float] = None  # last use of what end_step gave back
-        self.chunk_bytes = _round_up(chunk_bytes, _PAGE)
+        self.chunk_bytes = _round_up(chunk_bytes, PAGE)
         self._step = 0                 # end_step() calls so far
         self._lock = threading.RLock()
         self._chunks: Dict[int, _Chunk] = {}
@@ -185,13 +185,13 @@ class HostPool:
                 for c in self._idle_chunks():
                     released += self._release_chunk(c)
         if wait:
-            _releaser.wait()
+            releaser.wait()
         return released
 
     @staticmethod
     def wait_released() -> None:
         """Returns once every chunk the pools gave back is unpinned and unmapped."""
-        _releaser.wait()
+        releaser.wait()
 
     def end_step(self) -> int:
         """Called between training steps: gives back the chunks nothing was carved from
@@ -253,8 +253,8 @@ class HostPool:
                 "host.net_discards": self.net_discards,
                 "host.pin_ms": int(self.pin_seconds * 1000),
                 "host.keep_ms": int(self.keep_seconds * 1000),
-                "host.releasing_bytes": _releaser.pending,
-                "host.release_errors": _releaser.errors,
+                "host.releasing_bytes": releaser.pending,
+                "host.release_errors": releaser.errors,
             }
 
     def reset_peaks(self) -> None:
@@ -416,8 +416,8 @@ class HostPool:
             return chunk.size
         self._unbook(chunk)
         self.evictions += 1
-        _releaser.put(chunk.buf, None, self._device if self.pin else None,
-                      self._release_fn)
+        releaser.put(chunk.buf, None, self._device if self.pin else None,
+                     self._release_fn)
         self._changed()
         return chunk.size
 
@@ -440,7 +440,7 @@ class HostPool:
     def _held(self) -> int:
         """Bytes held under the limit: the pool's, and those it gave back that are not
         yet unpinned and unmapped."""
-        return self.reserved + _releaser.pending
+        return self.reserved + releaser.pending
 
     def _give_way(self) -> bool:
         """Makes host room: releases the least recently used idle chunk, else frees the
@@ -451,8 +451,8 @@ class HostPool:
             self._release_chunk(idle[0])
         elif self._cooling:
             self._reclaim("wait")
-        elif _releaser.pending:
-            _releaser.wait()
+        elif releaser.pending:
+            releaser.wait()
         else:
             return False
         return True
@@ -461,8 +461,8 @@ class HostPool:
         """A new chunk for a request of ``need`` bytes that no free range fits: of
         ``chunk_bytes`` (whole huge pages for a larger request), or of the request's
         size alone when the limits leave no room for more."""
-        want = _round_up(max(_round_up(need, _HUGE), self.chunk_bytes), _PAGE)
-        exact = _round_up(need, _PAGE)
+        want = _round_up(max(_round_up(need, _HUGE), self.chunk_bytes), PAGE)
+        exact = _round_up(need, PAGE)
         if not self._fits_now(want):  # never release chunks for room beyond the need
             want = exact
         try:
@@ -498,8 +498,8 @@ class HostPool:
         while self._over_limit(nbytes):
             if not self._give_way():
                 raise LMSHostMemoryError(
-                    f"LMS: host swap space exhausted: {_fmt(nbytes)} more would exceed "
-                    f"the host memory limit of {_fmt(self.limit)} ({_fmt(self.in_use)} in "
+                    f"LMS: host swap space exhausted: {fmt(nbytes)} more would exceed "
+                    f"the host memory limit of {fmt(self.limit)} ({fmt(self.in_use)} in "
                     f"use by swapped tensors). Raise {ENV_HOST_LIMIT} (MiB) or "
                     f"host_limit=..., lower the batch size, or combine swapping with "
                     f"torch.utils.checkpoint."
@@ -509,11 +509,11 @@ class HostPool:
         while avail is not None and avail - nbytes < self.min_available:
             if not self._give_way():
                 raise LMSHostMemoryError(
-                    f"LMS: host memory nearly exhausted: {_fmt(nbytes)} more swap "
-                    f"space would leave {_fmt(avail - nbytes)} available on this "
-                    f"machine (keeping at least {_fmt(self.min_available)} free so the "
-                    f"OOM killer does not end the process); {_fmt(self.in_use)} in use "
-                    f"by swapped tensors, limit {_fmt(self.limit)}. Lower the batch "
+                    f"LMS: host memory nearly exhausted: {fmt(nbytes)} more swap "
+                    f"space would leave {fmt(avail - nbytes)} available on this "
+                    f"machine (keeping at least {fmt(self.min_available)} free so the "
+                    f"OOM killer does not end the process); {fmt(self.in_use)} in use "
+                    f"by swapped tensors, limit {fmt(self.limit)}. Lower the batch "
                     f"size or free host memory."
                 )
             avail = self._machine_available()
@@ -523,8 +523,8 @@ class HostPool:
                 if not self._give_way():
                     raise LMSHostMemoryError(
                         f"LMS: host memory limit shared with the CUDA allocator's LMS "
-                        f"reached: cannot reserve {_fmt(nbytes)} more swap space "
-                        f"({_fmt(self.reserved)} held by activation swapping). Raise "
+                        f"reached: cannot reserve {fmt(nbytes)} more swap space "
+                        f"({fmt(self.reserved)} held by activation swapping). Raise "
                         f"{ENV_HOST_LIMIT} (MiB) or lower the batch size."
                     )
 
@@ -541,12 +541,12 @@ class HostPool:
                 buf = map_host(length, self.pin)
             except (OSError, ValueError) as e:
                 raise LMSHostMemoryError(
-                    f"LMS: cannot map {_fmt(length)} of host memory for swap space ({e}); "
-                    f"{_fmt(self.reserved)} already held") from None
+                    f"LMS: cannot map {fmt(length)} of host memory for swap space ({e}); "
+                    f"{fmt(self.reserved)} already held") from None
             except RuntimeError as e:
                 raise LMSHostMemoryError(
-                    f"LMS: pinning {_fmt(length)} of host memory failed ({e}); "
-                    f"{_fmt(self.reserved)} already pinned for swapping.") from None
+                    f"LMS: pinning {fmt(length)} of host memory failed ({e}); "
+                    f"{fmt(self.reserved)} already pinned for swapping.") from None
         except BaseException:
             if self._reserve_fn is not None and self._release_fn is not None:
                 self._release_fn(length)

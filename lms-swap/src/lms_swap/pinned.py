@@ -13,11 +13,12 @@ from typing import Optional
 
 import torch
 
+__all__ = ["PAGE", "map_host", "releaser"]
 
 try:
-    _PAGE = max(4096, int(os.sysconf("SC_PAGE_SIZE")))
+    PAGE = max(4096, int(os.sysconf("SC_PAGE_SIZE")))
 except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-    _PAGE = 4096
+    PAGE = 4096
 
 
 class _Releaser:
@@ -125,7 +126,7 @@ class _Releaser:
                 self._note(-nbytes)
 
 
-_releaser = _Releaser()
+releaser = _Releaser()
 
 
 def _prefault(buf: torch.Tensor) -> None:

@@ -10,7 +10,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .environment import GiB, MiB, _threshold_from_env, check_environment
+from .environment import GiB, MiB, check_environment, threshold_from_env
+
+__all__ = ["SwapConfig", "check_settings", "damped", "dense_span", "growth_to_end", "in_tail",
+           "inflight_room", "learn_margin", "next_margin_factor", "next_plan", "next_reserve_factor",
+           "next_slack", "predict_forward_end", "settled_plan", "should_swap", "storage_bytes",
+           "swap_trigger"]
 
 
 class SwapConfig:
@@ -46,7 +51,7 @@ class SwapConfig:
     def __init__(self, **kw: Any) -> None:
         for k, v in self._fields.items():
             setattr(self, k, v)
-        env_thr = _threshold_from_env()
+        env_thr = threshold_from_env()
         if env_thr is not None:
             self.size_threshold = env_thr
         self.update(**kw)
@@ -143,7 +148,7 @@ def check_settings(values: Dict[str, Any]) -> None:
     check_environment()
 
 
-def _dense_span(t: torch.Tensor) -> bool:
+def dense_span(t: torch.Tensor) -> bool:
     """True when t's elements fill [storage_offset, storage_offset + numel) exactly
     once (contiguous in some order of dimensions: contiguous, channels_last,
     transposes, permutes); False for gaps (slices with steps) or overlap (expand)."""
@@ -158,7 +163,7 @@ def _dense_span(t: torch.Tensor) -> bool:
     return True
 
 
-def _storage_bytes(t: torch.Tensor) -> int:
+def storage_bytes(t: torch.Tensor) -> int:
     """Bytes of the storage under ``t``, as the elements of the tensor that owns it
     (``t`` itself, or the base of a view).  Not ``t.untyped_storage().nbytes()``: on
     torch 2.11 the Python storage object that call makes stays attached to the storage

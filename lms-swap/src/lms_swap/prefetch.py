@@ -21,8 +21,8 @@ from typing import Any, Callable
 import torch
 
 from .copies import copy_from_pieces, flat_bytes
-from .environment import _OutOfMemoryError
-from .state import _DevState, _Swapped
+from .environment import OutOfMemoryError
+from .state import DevState, Swapped
 
 __all__ = ["Prefetcher"]
 
@@ -47,7 +47,7 @@ class Prefetcher:
     ``counts`` (``in_count``, ``in_bytes``, ``prefetched``, ``prefetched_by_lesson``,
     ``prefetch_deferred``)."""
 
-    def __init__(self, config: Any, forecast: Any, allocated_of: Callable[[_DevState], int],
+    def __init__(self, config: Any, forecast: Any, allocated_of: Callable[[DevState], int],
                  pass_id: Callable[[], int]) -> None:
         self.config = config
         self._forecast = forecast
@@ -58,13 +58,13 @@ class Prefetcher:
     def reset(self) -> None:
         self.counts: collections.Counter = collections.Counter()
 
-    def begin_backward(self, st: _DevState) -> None:
+    def begin_backward(self, st: DevState) -> None:
         """Backward begins on one device: nothing of the swap order consumed yet, and the
         largest swapped tensor at or below each of its positions."""
         st.cursor = len(st.order)
         st.order_max = _running_max(st.order)
 
-    def fetch(self, st: _DevState, h: _Swapped) -> torch.Tensor:
+    def fetch(self, st: DevState, h: Swapped) -> torch.Tensor:
         """Starts the copy of ``h`` back to the device (on the CPU: copies it at once) and
         returns the tensor it lands in."""
         if st.index is None:
@@ -77,7 +77,7 @@ class Prefetcher:
         cur = torch.cuda.current_stream(h.device)
         try:
             dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
-        except _OutOfMemoryError:
+        except OutOfMemoryError:
             # copies still running hold memory that the allocator frees once they end
             torch.cuda.synchronize(h.device)
             dst = torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
@@ -106,7 +106,7 @@ class Prefetcher:
         self.counts["in_bytes"] += h.nbytes
         return dst
 
-    def prefetch(self, st: _DevState, start: int, device: torch.device) -> None:
+    def prefetch(self, st: DevState, start: int, device: torch.device) -> None:
         """Fetch the swapped tensors below position ``start`` of the pack order
         (backward needs them in about that order), at most ``prefetch_depth`` ahead and
         only while the device allocation stays under forward's end and under the limit

@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Tuple
 
 __all__ = ["ShapeProfiles", "signature"]
 
-# the _DevState fields that depend on the step's shape: byte counts scale with it; the
+# the DevState fields that depend on the step's shape: byte counts scale with it; the
 # margin factor k (a multiple of the largest tensor) and the allocation at the first save of
 # the step that taught the plan (taught_base: parameters, optimizer state) do not
 _SCALED = ("plan", "prev_saved", "largest")

@@ -13,7 +13,7 @@ import collections
 from typing import Any, Callable, Dict
 
 from .guard import loaded_guard
-from .state import _DevState
+from .state import DevState
 
 __all__ = ["SWAP_KEYS", "swap_stats"]
 
@@ -27,8 +27,8 @@ SWAP_KEYS = ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
              "guard_fetched", "guard_forward_bytes", "guard_backward_bytes")
 
 
-def swap_stats(counts: collections.Counter, throttle_s: float, dev: Dict[Any, _DevState],
-               prefetch_reserve: Callable[[_DevState], int], pool: Any,
+def swap_stats(counts: collections.Counter, throttle_s: float, dev: Dict[Any, DevState],
+               prefetch_reserve: Callable[[DevState], int], pool: Any,
                guard: bool) -> Dict[str, Any]:
     """The statistics of a swapper: ``counts`` (all its counters, summed), ``throttle_s``
     (the time forward waited for its copies out), ``dev`` (its per-device states, by key),

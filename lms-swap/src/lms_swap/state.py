@@ -12,8 +12,10 @@ import torch
 from .backward_profile import BackwardLesson, BackwardProfile
 from .profiles import ShapeProfiles
 
+__all__ = ["DevState", "Swapped", "check_version"]
 
-class _Swapped:
+
+class Swapped:
     """What autograd holds for a swapped tensor (the packed object)."""
 
     __slots__ = (
@@ -24,7 +26,7 @@ class _Swapped:
 
     @classmethod
     def of(cls, owner: Any, t: torch.Tensor, nbytes: int,
-           host: Optional[List[torch.Tensor]] = None, slot: Any = None) -> "_Swapped":
+           host: Optional[List[torch.Tensor]] = None, slot: Any = None) -> "Swapped":
         """The handle of ``t``: swapped to ``host`` (the pool's pieces that hold its
         bytes, in order), or kept on the device in ``slot``."""
         h = cls()
@@ -75,7 +77,7 @@ def _version_alias(t: torch.Tensor) -> Any:
     return alias
 
 
-def _check_version(h: "_Swapped") -> None:
+def check_version(h: "Swapped") -> None:
     """Stock autograd's check that a saved tensor was not changed in place since it
     was saved (autograd cannot see it through a handle)."""
     alias = h.version_of
@@ -93,7 +95,7 @@ def _check_version(h: "_Swapped") -> None:
         )
 
 
-class _DevState:
+class DevState:
     """One device's state: its copy streams and in-flight copies, the swap order of the
     current step, what this forward has done so far, and what earlier steps taught
     (limit, margin, plan, prefetch headroom)."""

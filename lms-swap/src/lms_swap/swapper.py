@@ -22,16 +22,16 @@ from . import device_memory
 from .autograd_facts import COMPILED_OOM, in_backward, in_compiled_graph, no_history
 from .chunked_loss import MIN_BYTES, LossPatch, hand_over
 from .copies import CopyPacer, copy_into_pieces, flat_bytes, plain_bytes
-from .environment import (GiB, LMSHostMemoryError, _OutOfMemoryError, _allocator_lms,
-                          _host_total, host_budget_default, host_mem_limit_from_env)
+from .environment import (GiB, LMSHostMemoryError, OutOfMemoryError, allocator_lms,
+                          host_budget_default, host_mem_limit_from_env, host_total)
 from .forecast import StepForecast
 from .guard import HOST_FULL_WORDS, arm_guard, load_guard, loaded_guard
 from .host_pool import HostPool
-from .pinned import _releaser
-from .policy import SwapConfig, _dense_span, _storage_bytes
+from .pinned import releaser
+from .policy import SwapConfig, dense_span, storage_bytes
 from .prefetch import Prefetcher
 from .report import swap_stats
-from .state import _DevState, _Swapped, _check_version
+from .state import DevState, Swapped, check_version
 
 __all__ = ["ActivationSwapper"]
 
@@ -62,7 +62,7 @@ class ActivationSwapper:
         self.config = SwapConfig(**kw)
         self._lock = threading.RLock()
         self._pool = pool
-        self._dev: Dict[Any, _DevState] = {}
+        self._dev: Dict[Any, DevState] = {}
         self._dedupe: Dict[int, tuple] = {}
         self._phase = "idle"
         self._pass_id = 0
@@ -98,7 +98,7 @@ class ActivationSwapper:
 
     def _host_limits(self) -> tuple:
         cfg = self.config
-        total = _host_total()
+        total = host_total()
         limit = cfg.host_limit
         if limit is None and (total or host_mem_limit_from_env() is not None):
             # PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB, else 80% of the host shared by the node's
@@ -119,7 +119,7 @@ class ActivationSwapper:
             with self._lock:
                 if self._pool is None:
                     limit, minav = self._host_limits()
-                    lms = _allocator_lms()
+                    lms = allocator_lms()
                     reserve = getattr(lms, "_host_reserve", None) if lms else None
                     release = getattr(lms, "_host_release", None) if lms else None
                     if reserve is None or release is None:
@@ -134,7 +134,7 @@ class ActivationSwapper:
                         net=guard,
                     )
                     if guard is not None:
-                        _releaser.set_on_pending(guard.add_releasing)
+                        releaser.set_on_pending(guard.add_releasing)
                     self._share_host_budget()
         return self._pool
 
@@ -177,9 +177,9 @@ class ActivationSwapper:
         h.__exit__(*exc)
         with _LOSS_LOCK:
             _LOSS.exit()
-        if isinstance(exc[1], _OutOfMemoryError) and in_compiled_graph(exc[2]):
-            raise _OutOfMemoryError(COMPILED_OOM + str(exc[1])) from exc[1]
-        if (isinstance(exc[1], _OutOfMemoryError) and not isinstance(exc[1], LMSHostMemoryError)
+        if isinstance(exc[1], OutOfMemoryError) and in_compiled_graph(exc[2]):
+            raise OutOfMemoryError(COMPILED_OOM + str(exc[1])) from exc[1]
+        if (isinstance(exc[1], OutOfMemoryError) and not isinstance(exc[1], LMSHostMemoryError)
                 and HOST_FULL_WORDS in str(exc[1])):
             # the net refused for the host limit: the same error as a planned swap's
             raise LMSHostMemoryError(str(exc[1])) from exc[1]
@@ -263,11 +263,11 @@ class ActivationSwapper:
         return self._pool.empty_cache() if self._pool is not None else 0
 
     # -- device helpers --------------------------------------------------------------
-    def _state(self, t: torch.Tensor) -> _DevState:
+    def _state(self, t: torch.Tensor) -> DevState:
         key = _device_key(t.device)
         st = self._dev.get(key)
         if st is None:
-            st = _DevState(key)
+            st = DevState(key)
             if key is not None:
                 st.d2h = torch.cuda.Stream(device=t.device)
                 st.h2d = torch.cuda.Stream(device=t.device)
@@ -277,7 +277,7 @@ class ActivationSwapper:
             self._dev[key] = st
         return st
 
-    def _allocated(self, st: _DevState) -> int:
+    def _allocated(self, st: DevState) -> int:
         self.c["memory_queries"] += 1
         if st.index is None:
             return 0
@@ -285,7 +285,7 @@ class ActivationSwapper:
         st.seen = (self._pass_id, alloc, st.saved)
         return alloc
 
-    def _record_trace(self, st: _DevState, what: str) -> None:
+    def _record_trace(self, st: DevState, what: str) -> None:
         alloc = self._allocated(st) if st.index is not None else 0
         host = self._pool.in_use if self._pool is not None else 0
         self._trace.append((time.perf_counter() - self._t0, what, alloc, host))
@@ -411,11 +411,11 @@ class ActivationSwapper:
         it next, evictable by the net where it could be swapped at all; the forecast's
         forward state is left alone."""
         self.c["backward_saves"] += 1
-        if (nbytes < self.config.size_threshold or nbytes == 0 or not _dense_span(t)
+        if (nbytes < self.config.size_threshold or nbytes == 0 or not dense_span(t)
                 or t.device.type != "cuda"):
             return t
-        storage_bytes = _storage_bytes(t)
-        if storage_bytes and nbytes < self.config.min_storage_fraction * storage_bytes:
+        storage = storage_bytes(t)
+        if storage and nbytes < self.config.min_storage_fraction * storage:
             return t
         h = self._keep_evictable(t, nbytes)
         return t if h is None else h
@@ -441,17 +441,17 @@ class ActivationSwapper:
         self.c["forwards_abandoned"] += 1
         return True
 
-    def _decide(self, st: _DevState, t: torch.Tensor, nbytes: int) -> tuple:
+    def _decide(self, st: DevState, t: torch.Tensor, nbytes: int) -> tuple:
         """(why it is swapped: None (kept), "always", "plan" or "pressure"; wait for
         earlier copies if too many are in flight?; could it be swapped at all?)"""
         cfg = self.config
         saved_before = st.saved
         st.saved += nbytes
-        if not _dense_span(t):
+        if not dense_span(t):
             self.c["not_dense_kept"] += 1
             return None, False, False
-        storage_bytes = _storage_bytes(t)
-        if storage_bytes and nbytes < cfg.min_storage_fraction * storage_bytes:
+        storage = storage_bytes(t)
+        if storage and nbytes < cfg.min_storage_fraction * storage:
             # a small view of a big storage: swapping it would not free the storage
             self.c["partial_view_kept"] += 1
             return None, False, False
@@ -463,16 +463,16 @@ class ActivationSwapper:
         why, wait = self._forecast.decide(st, nbytes, saved_before)
         return why, wait, True
 
-    def _keep_evictable(self, t: torch.Tensor, nbytes: int) -> Optional[_Swapped]:
+    def _keep_evictable(self, t: torch.Tensor, nbytes: int) -> Optional[Swapped]:
         """A handle for a tensor that stays on the device, registered with the eviction
         net (which may move it to host memory if the device runs out); None without the
         net (autograd then holds the tensor itself, as stock)."""
         guard = self._guard()
         if guard is None:
             return None
-        return _Swapped.of(self, t, nbytes, slot=guard.Slot(t))
+        return Swapped.of(self, t, nbytes, slot=guard.Slot(t))
 
-    def _may_keep(self, st: _DevState, why: str, nbytes: int) -> bool:
+    def _may_keep(self, st: DevState, why: str, nbytes: int) -> bool:
         """Whether a tensor that found no swap space may stay on the device: not under
         ``policy="always"``, and only while the device allocation, with as much again
         for the next output, stays under the limit."""
@@ -480,10 +480,10 @@ class ActivationSwapper:
             return False
         return self._allocated(st) + nbytes <= self._forecast.limit(st)
 
-    def _swap_out(self, st: _DevState, t: torch.Tensor, nbytes: int,
-                  wait: bool = True) -> Optional[_Swapped]:
+    def _swap_out(self, st: DevState, t: torch.Tensor, nbytes: int,
+                  wait: bool = True) -> Optional[Swapped]:
         pieces = self.pool.alloc_pieces(nbytes)  # may raise LMSHostMemoryError
-        h = _Swapped.of(self, t, nbytes, host=pieces)
+        h = Swapped.of(self, t, nbytes, host=pieces)
         h.offset = st.saved - nbytes  # (_decide counted it already)
         src = flat_bytes(t)
         if st.index is None:
@@ -533,7 +533,7 @@ class ActivationSwapper:
                         self._prefetcher.prefetch(st, st.cursor, device)
 
     def _unpack(self, packed: Any) -> torch.Tensor:
-        if not isinstance(packed, _Swapped):
+        if not isinstance(packed, Swapped):
             self._unpack_kept(packed.device)
             return packed
         h = packed
@@ -541,7 +541,7 @@ class ActivationSwapper:
             t = h.slot.device_tensor()
             if t is not None:  # still on the device (the net did not need it)
                 self._unpack_kept(h.device)
-                _check_version(h)
+                check_version(h)
                 return t
         with self._lock:
             if self._phase == "fwd":
@@ -578,11 +578,11 @@ class ActivationSwapper:
             st.bwd.settle()
             if self.config.trace:
                 self._record_trace(st, "in")
-        _check_version(h)
+        check_version(h)
         return t
 
     # -- release -----------------------------------------------------------------------
-    def _release(self, h: _Swapped) -> None:
+    def _release(self, h: Swapped) -> None:
         if h.ahead:  # prefetched, never used
             h.ahead = False
             st = self._dev.get(_device_key(h.device))

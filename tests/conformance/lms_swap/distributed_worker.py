@@ -82,7 +82,7 @@ def main() -> None:
                 "host_in_use": st.get("host.in_use_bytes")}
             del model, opt, sw
     res["default_host_limit"] = lms_swap.ActivationSwapper()._host_limits()[0]
-    res["host_total"] = lms_swap._host_total()
+    res["host_total"] = lms_swap.host_total()
     (out / f"rank{rank}.json").write_text(json.dumps(res))
     dist.destroy_process_group()
 
