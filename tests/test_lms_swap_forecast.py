@@ -44,6 +44,99 @@ def test_the_forecast_counts_what_the_net_moved_once_per_phase(m):
     assert not forecast.counts
 
 
+class _Net2(_Net):
+    """... and the rest of what the forecast asks the net on a device."""
+
+    def released(self, index):
+        return 0
+
+    def mark_peak(self, index):
+        pass
+
+    def peak_growth(self, index):
+        return 0
+
+
+def _first_save(forecast, st, level, base):
+    """A forward of the same shape begins with ``base`` bytes on the device."""
+    level["now"] = base
+    forecast.enter_profile(st, torch.empty(4, 8))
+
+
+@pytest.fixture
+def forecast_after_a_taught_step(m):
+    """A forecast whose shape was taught a 10 MiB plan by a step that began at 20 MiB."""
+    from lms_swap.forecast import StepForecast
+    net, level = _Net2(), {"now": 0}
+    forecast = StepForecast(m.SwapConfig(device_type="cpu", policy="auto",
+                                         device_limit=100 * MiB),
+                            guard=lambda: net, allocated_of=lambda st: level["now"])
+    st = m.DevState(0)
+    _first_save(forecast, st, level, 20 * MiB)
+    st.plan, st.taught_base = 10 * MiB, 20 * MiB
+    return forecast, st, net, level
+
+
+def test_a_dropped_forward_the_net_rescued_teaches_the_forwards_above_the_base(
+        m, forecast_after_a_taught_step):
+    """An evaluation pass with autograd on, with the last step's gradients on the device
+    (3 MiB), swaps the plan and the difference and still needs the net (2 MiB): the next
+    such pass of its shape swaps those 2 MiB too, and the training steps keep their plan."""
+    forecast, st, net, level = forecast_after_a_taught_step
+    forecast.begin_forward(st)
+    _first_save(forecast, st, level, 23 * MiB)        # the pass begins above the base
+    assert st.base_extra == 3 * MiB
+    net.moved += 2 * MiB                              # ... and the net rescues it
+    forecast.begin_forward(st, abandoned=True)        # dropped without a backward
+    assert forecast.counts["guard_forward_bytes"] == 2 * MiB
+    assert forecast.counts["guard_backward_bytes"] == 0
+    assert forecast.counts["abandoned_rescues"] == 1
+    assert st.plan == 10 * MiB and st.above_base_pad == 2 * MiB
+    _first_save(forecast, st, level, 20 * MiB)        # a training step: its plan alone
+    assert st.base_extra == 0 and st.plan == 10 * MiB
+    forecast.begin_forward(st)
+    _first_save(forecast, st, level, 23 * MiB)        # the next such pass
+    assert st.base_extra == 5 * MiB
+
+
+def test_a_dropped_forward_the_net_rescued_at_the_base_raises_the_plan(
+        m, forecast_after_a_taught_step):
+    forecast, st, net, level = forecast_after_a_taught_step
+    forecast.begin_forward(st)
+    _first_save(forecast, st, level, 20 * MiB)
+    net.moved += 2 * MiB
+    forecast.begin_forward(st, abandoned=True)
+    assert st.plan == 12 * MiB and not st.above_base_pad
+    forecast.begin_forward(st, abandoned=True)        # nothing moved since: nothing learned
+    assert st.plan == 12 * MiB and forecast.counts["abandoned_rescues"] == 1
+
+
+def test_the_swapper_tells_the_forecast_which_forwards_were_dropped(m):
+    from torch import nn
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh())
+    x = torch.randn(64, 256)
+    sw = cpu_swapper(m)
+    seen = []
+    begin = sw._forecast.begin_forward
+
+    def record(st, abandoned=False):
+        seen.append(abandoned)
+        begin(st, abandoned)
+    sw._forecast.begin_forward = record
+    with sw:
+        loss = net(x).sum()
+    loss.backward()
+    with sw:
+        net(x).sum()             # evaluation with autograd on: the graph is dropped
+    with sw:
+        loss = net(x).sum()
+    loss.backward()
+    # (the first forward has no device state to tell yet): the second follows a
+    # backward, the third a forward dropped without one
+    assert seen == [False, True], seen
+
+
 def test_the_plan_comes_first_then_pressure(m):
     from lms_swap.forecast import StepForecast
     config = m.SwapConfig(device_type="cpu", policy="auto", device_limit=100 * MiB,

@@ -220,16 +220,24 @@ class StepForecast:
         return True
 
     # -- phases ----------------------------------------------------------------------
-    def begin_forward(self, st: DevState) -> None:
+    def begin_forward(self, st: DevState, abandoned: bool = False) -> None:
         """The first pack after a backward, on one device: learn from the step that ended
         (the margin, the slack, the plan's settling, backward's lesson) and start this
-        forward's record."""
-        # what the net moved in backward is memory backward needed beyond its peak.
-        # (Not only the failed requests' sizes, which are smaller: at a batch stock
-        # PyTorch trains, 99% of an H100, ViT-L's backward failed for want of one
-        # piece in a fragmented cache, and a margin raised by the requests alone let
-        # it fail in 9 of the next 10 steps, each costing a second.)
-        bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
+        forward's record.  ``abandoned``: the step that ended was a forward dropped without
+        a backward (an evaluation pass with autograd on)."""
+        if abandoned:
+            # the net's moves since that forward began were its own, not a backward's
+            bwd_evicted = 0
+            st.fwd_evicted = self._net_evicted(st, "guard_forward_bytes")
+            if st.fwd_evicted > 0:
+                self._learn_from_rescue(st, st.fwd_evicted)
+        else:
+            # what the net moved in backward is memory backward needed beyond its peak.
+            # (Not only the failed requests' sizes, which are smaller: at a batch stock
+            # PyTorch trains, 99% of an H100, ViT-L's backward failed for want of one
+            # piece in a fragmented cache, and a margin raised by the requests alone let
+            # it fail in 9 of the next 10 steps, each costing a second.)
+            bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
         guard = self._guard()
         measured = None
         # the net had to help a backward that prefetched by the lesson: the lesson
@@ -295,6 +303,25 @@ class StepForecast:
         st.kept_movable = 0
         st.rec_off, st.rec_unswapped = [], []
 
+    def _learn_from_rescue(self, st: DevState, moved: int) -> None:
+        """A forward dropped without a backward needed the net to move ``moved`` bytes.
+        It has no end and no backward to teach the plan (:meth:`begin_backward`), so it
+        would need the net again at its next pass.  Where it began above the plan's base
+        (an evaluation pass with autograd on between a backward and the optimizer's next
+        ``zero_grad``: the gradients are on the device), what it needed beyond that
+        difference is kept for the forwards of its shape that begin above the base, and
+        the training steps of that shape keep their plan; where it began at the base, the
+        plan rises by what the net moved.  (On the H100 a decoder at 2.0x whose length
+        cycles: each such pass at 2048 tokens needed 1.4 GB from the net, the same each
+        time.)"""
+        self.counts["abandoned_rescues"] += 1
+        if st.base_extra > 0:
+            st.above_base_pad = (st.above_base_pad or 0) + int(moved)
+        else:
+            st.plan = int(st.plan or 0) + int(moved)
+            if st.taught_base is None:
+                st.taught_base = st.step_base
+
     def enter_profile(self, st: DevState, t: torch.Tensor) -> None:
         """The forward that saves ``t`` first begins: what earlier steps of its shape
         taught replaces what the step before taught (:mod:`.profiles`)."""
@@ -306,7 +333,7 @@ class StepForecast:
             if st.plan and st.taught_base is not None and base > st.taught_base:
                 # more on the device than when the lesson was learned: the plan's
                 # swaps must make room for that too
-                st.base_extra = base - st.taught_base
+                st.base_extra = base - st.taught_base + (st.above_base_pad or 0)
                 self.counts["plan_base_raises"] += 1
 
     def _backward_peak(self, st: DevState) -> Tuple[int, bool]:

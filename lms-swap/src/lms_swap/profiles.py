@@ -23,9 +23,11 @@ from one shape to another unscaled; what backward's memory did position by posit
 What a step finds on the device before it saves anything (parameters, optimizer state,
 gradients left from the step before when an evaluation pass with autograd on comes between
 optimizer steps) is not the shape's: each lesson keeps the allocation at its step's first
-save (``taught_base``: that of the step whose backward taught the plan; a forward dropped
-without backward teaches nothing), and the forecast swaps the difference on top of the
-plan where a step begins above it.
+save (``taught_base``: that of the step whose backward taught the plan), and the forecast
+swaps the difference on top of the plan where a step begins above it.  A forward dropped
+without backward teaches the plan nothing, except where the eviction net had to rescue it:
+what the net moved is then kept for the forwards of that shape that begin above the plan's
+base (``above_base_pad``, exact shape only), or raises the plan where it began at it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ _SCALED_LISTS = ("prev_off", "prev_growth")
 _KEPT = ("k", "taught_base")
 # what holds for this exact shape only (backward's memory by position): not scaled, not
 # carried to another shape
-_EXACT_ONLY = ("bwd_lesson",)
+_EXACT_ONLY = ("bwd_lesson", "above_base_pad")
 
 
 def signature(t: Any) -> Tuple[Tuple[int, ...], str]:

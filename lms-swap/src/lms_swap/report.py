@@ -24,7 +24,8 @@ SWAP_KEYS = ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
              "memory_queries", "planned_count", "reactive_count", "throttle_waits",
              "inflight_bounded",
              "tail_kept", "predicted_kept", "host_full_kept",
-             "guard_fetched", "guard_forward_bytes", "guard_backward_bytes")
+             "guard_fetched", "guard_forward_bytes", "guard_backward_bytes",
+             "abandoned_rescues")
 
 
 def swap_stats(counts: collections.Counter, throttle_s: float, dev: Dict[Any, DevState],
@@ -53,6 +54,7 @@ def swap_stats(counts: collections.Counter, throttle_s: float, dev: Dict[Any, De
         out[f"policy.{tag}.backward_lesson_pad_bytes"] = st.bwd.pad
         out[f"policy.{tag}.step_base_bytes"] = st.step_base
         out[f"policy.{tag}.base_extra_bytes"] = st.base_extra
+        out[f"policy.{tag}.above_base_pad_bytes"] = st.above_base_pad
     if pool is not None:
         out.update(pool.stats())
     g = loaded_guard() if guard else None

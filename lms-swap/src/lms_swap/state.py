@@ -108,7 +108,7 @@ class DevState:
         "prev_off", "prev_growth", "guard_seen", "peak_marked", "slack",
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
         "seen", "sig", "profiles", "plan_before", "kept_movable", "step_base",
-        "taught_base", "base_extra", "bwd", "bwd_lesson", "order_max",
+        "taught_base", "base_extra", "above_base_pad", "bwd", "bwd_lesson", "order_max",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -160,6 +160,9 @@ class DevState:
         self.step_base = 0
         self.taught_base: Optional[int] = None
         self.base_extra = 0
+        # what forwards of this shape that begin above the plan's base needed beyond the
+        # difference (learned from those the net rescued without a backward)
+        self.above_base_pad: Optional[int] = None
         # backward's own memory by position: the one under way, and the last one's
         # lesson (kept per shape)
         self.bwd = BackwardProfile()

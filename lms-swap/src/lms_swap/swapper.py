@@ -293,7 +293,9 @@ class ActivationSwapper:
     # -- phases ----------------------------------------------------------------------
     def _begin_forward(self) -> None:
         """First pack after a backward: the forecast learns from the step that ended, and
-        a new swap order begins (the handles still alive keep their places, renumbered)."""
+        a new swap order begins (the handles still alive keep their places, renumbered).
+        Also where the forward under way was dropped without a backward (``abandoned``)."""
+        abandoned = self._phase == "fwd"
         self._phase = "fwd"
         self._dedupe.clear()
         self._prefetch_pending = False
@@ -302,7 +304,7 @@ class ActivationSwapper:
         if self._pool is not None:
             self._pool.end_step()
         for st in self._dev.values():
-            self._forecast.begin_forward(st)
+            self._forecast.begin_forward(st, abandoned)
             alive = [r for r in st.order if r() is not None]
             for i, r in enumerate(alive):
                 h = r()
