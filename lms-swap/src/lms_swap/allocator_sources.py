@@ -14,19 +14,26 @@ import os
 import shutil
 from typing import Dict, List, Optional
 
+__all__ = ["CORE_FILES", "core_sources", "core_tree", "repository_root", "stage_into_package"]
+
 # path inside the staged tree (as the core's #includes name it) = file of this repository
 CORE_FILES: Dict[str, str] = {
     "c10/cuda/CUDALargeModelSupport.h": "patches/pytorch/src/c10/cuda/CUDALargeModelSupport.h",
     "c10/cuda/CUDALargeModelSupport.cpp": "patches/pytorch/src/c10/cuda/CUDALargeModelSupport.cpp",
     "c10/cuda/impl/LMSAllocatorHooks.h": "patches/pytorch/src/c10/cuda/impl/LMSAllocatorHooks.h",
+    "c10/cuda/impl/LMSCApi.cpp": "patches/pytorch/src/c10/cuda/impl/LMSCApi.cpp",
     "c10/cuda/impl/LMSDeviceAllocator.h": "patches/pytorch/src/c10/cuda/impl/LMSDeviceAllocator.h",
     "c10/cuda/impl/LMSDeviceAllocator.cpp":
         "patches/pytorch/src/c10/cuda/impl/LMSDeviceAllocator.cpp",
     "c10/cuda/impl/LMSHostBudget.h": "patches/pytorch/src/c10/cuda/impl/LMSHostBudget.h",
+    "c10/cuda/impl/LMSHostBudget.cpp": "patches/pytorch/src/c10/cuda/impl/LMSHostBudget.cpp",
     "c10/cuda/impl/LMSHostPool.cpp": "patches/pytorch/src/c10/cuda/impl/LMSHostPool.cpp",
     "c10/cuda/impl/LMSLaunchGate.cpp": "patches/pytorch/src/c10/cuda/impl/LMSLaunchGate.cpp",
     "c10/cuda/impl/LMSPageMoves.h": "patches/pytorch/src/c10/cuda/impl/LMSPageMoves.h",
     "c10/cuda/impl/LMSPageMoves.cpp": "patches/pytorch/src/c10/cuda/impl/LMSPageMoves.cpp",
+    "c10/cuda/impl/LMSPageRemap.cpp": "patches/pytorch/src/c10/cuda/impl/LMSPageRemap.cpp",
+    "c10/cuda/impl/LMSState.h": "patches/pytorch/src/c10/cuda/impl/LMSState.h",
+    "c10/cuda/impl/LMSStats.cpp": "patches/pytorch/src/c10/cuda/impl/LMSStats.cpp",
     # the launch gate's CUPTI core, shared with TensorFlow's LMS (patches/pytorch/shared.toml)
     "c10/cuda/impl/LMSLaunchGateCore.inc": "patches/shared/lms_launch_gate_core.inc",
     # a stock PyTorch >= 2.4 has the driver entry points the core calls: v2.6.0's header,

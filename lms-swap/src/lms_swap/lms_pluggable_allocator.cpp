@@ -4,10 +4,12 @@
 //
 // The LMS logic is not here. It is the patched build's own translation units,
 // compiled into this library unchanged (lms_swap/allocator_sources.py lists
-// them): c10/cuda/CUDALargeModelSupport.cpp (settings, the host budget,
-// statistics, page remaps), impl/LMSDeviceAllocator.cpp (the search order of
-// a malloc with LMS on, returns, the OOM report), impl/LMSPageMoves.cpp (page
-// moves), impl/LMSHostPool.cpp (pinned host pages), impl/LMSLaunchGate.cpp.
+// them): c10/cuda/CUDALargeModelSupport.cpp (settings), impl/LMSHostBudget.cpp
+// (the host budget), impl/LMSStats.cpp (statistics), impl/LMSPageRemap.cpp
+// (page remaps), impl/LMSCApi.cpp (the C API), impl/LMSDeviceAllocator.cpp
+// (the search order of a malloc with LMS on, returns, the OOM report),
+// impl/LMSPageMoves.cpp (page moves), impl/LMSHostPool.cpp (pinned host
+// pages), impl/LMSLaunchGate.cpp.
 // They reach an allocator only through lms::impl::AllocatorHooks. Here a
 // small caching allocator implements those hooks, as each tag's
 // DeviceCachingAllocator does in the patched build:

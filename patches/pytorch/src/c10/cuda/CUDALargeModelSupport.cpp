@@ -1,126 +1,42 @@
-// Large Model Support: settings, the host budget (and its rule,
-// impl/LMSHostBudget.h), statistics and the C API. See CUDALargeModelSupport.h
-// for the other pieces: the host page pool (impl/LMSHostPool.cpp), the launch
-// gate (impl/LMSLaunchGate.cpp), a device allocator's LMS
-// (impl/LMSDeviceAllocator.cpp, impl/LMSPageMoves.cpp) and its hooks into
-// CUDACachingAllocator.cpp (impl/LMSDeviceAllocator.inc and the tag's
-// impl/LMSAllocatorAdapter.inc, which see its private Block).
+// Large Model Support: the settings (the lms* keys of the allocator settings
+// string, their setters and getters, the large pool's page). The other pieces
+// of CUDALargeModelSupport.h live in impl/: the state they share
+// (LMSState.h), the host budget and its rule (LMSHostBudget.cpp), the
+// statistics (LMSStats.cpp), the driver calls that move a page
+// (LMSPageRemap.cpp), the C API for ctypes (LMSCApi.cpp), the host page pool
+// (LMSHostPool.cpp), the launch gate (LMSLaunchGate.cpp), a device
+// allocator's LMS (LMSDeviceAllocator.cpp, LMSPageMoves.cpp) and its hooks
+// into CUDACachingAllocator.cpp (LMSDeviceAllocator.inc and the tag's
+// LMSAllocatorAdapter.inc, which see its private Block).
 #include <c10/cuda/CUDALargeModelSupport.h>
-#include <c10/cuda/impl/LMSHostBudget.h>
+#include <c10/cuda/impl/LMSState.h>
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-#include <c10/cuda/impl/LMSDriverAPI.h>
-#endif
-
 #include <algorithm>
-#include <array>
-#include <cctype>
-#include <cmath>
-#include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <mutex>
-#include <sstream>
+#include <string>
+#include <vector>
 
 namespace c10::cuda::CUDACachingAllocator::lms {
 
-namespace {
-
-constexpr size_t kMiB = 1024 * 1024;
-constexpr int kMaxDevices = 64;
-
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-// CUDA 12.2's driver version: its host allocations (impl/LMSHostPool.cpp)
-// are what LMS needs.
-constexpr int kHostNumaDriver = 12020;
-#endif
-
-struct Settings {
-  std::atomic<bool> enabled{false};
-  std::atomic<size_t> limit{0};
-  std::atomic<size_t> size{kMiB};
-  std::atomic<bool> defrag{true};
-  std::atomic<size_t> host_limit{0};
-  std::atomic<bool> host_limit_set{false};
-  std::atomic<bool> launch_gate{true};
-  std::atomic<size_t> host_reserve{kAutoHostReserve};
-  std::atomic<size_t> large_page{0}; // 0: auto (large_page_bytes)
-};
+namespace impl {
 
 Settings& settings() {
   static Settings s;
   return s;
 }
 
-// The host budget's default for this process: host_budget_rule
-// (impl/LMSHostBudget.h) on the host memory that is available now.
-size_t default_host_limit() {
-  size_t available = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  size_t kb = 0;
-  std::string unit;
-  while (meminfo >> key >> kb >> unit) {
-    if (key == "MemAvailable:") {
-      available = kb * 1024;
-      break;
-    }
-  }
-  size_t bytes = 0;
-  std::string err;
-  TORCH_CHECK(
-      impl::host_budget_rule(
-          std::getenv("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB"),
-          std::getenv("LOCAL_WORLD_SIZE"),
-          available,
-          &bytes,
-          &err),
-      err);
-  return bytes;
-}
+} // namespace impl
 
-std::mutex& budget_mutex() {
-  static std::mutex m;
-  return m;
-}
-size_t g_host_used = 0; // guarded by budget_mutex
-size_t g_host_peak = 0;
+using impl::all_stats;
+using impl::kMaxDevices;
+using impl::kMiB;
+using impl::settings;
 
-struct DeviceStats {
-  std::array<std::atomic<int64_t>, kNumStats> v{};
-  std::atomic<int64_t> host_peak{0};
-  std::atomic<size_t> total_memory{0}; // the device's, once asked
-  std::atomic<size_t> large_page{0}; // large_page_bytes' last answer
-};
-std::array<DeviceStats, kMaxDevices>& all_stats() {
-  static std::array<DeviceStats, kMaxDevices> s;
-  return s;
-}
-
-const char* kStatNames[kNumStats] = {
-    "swap_out_bytes",
-    "swap_out_count",
-    "swap_in_bytes",
-    "swap_in_count",
-    "host_bytes.current",
-    "reclaim_events",
-    "alloc_served.free_list",
-    "alloc_served.new_device_memory",
-    "alloc_served.lms_reclaim",
-    "alloc_served.defrag",
-    "swap_out_time_ns",
-    "swap_in_time_ns",
-    "host_pages_dropped_on_free",
-    "defrag_released_bytes",
-    "num_ooms",
-    "swap_out_quiesce_ns",
-    "swap_out_copy_wait_ns",
-};
+namespace {
 
 bool parse_bool(const std::string& key, const std::string& v) {
   TORCH_CHECK(
@@ -148,86 +64,6 @@ double parse_number(const std::string& key, const std::string& v) {
 }
 
 } // namespace
-
-namespace impl {
-
-size_t parse_local_world_size(const char* value) {
-  if (value == nullptr || *value == '\0') {
-    return 1;
-  }
-  size_t n = 0;
-  for (const char* c = value; *c; ++c) {
-    if (*c < '0' || *c > '9') {
-      return 1;
-    }
-    const size_t d = static_cast<size_t>(*c - '0');
-    // saturates: a budget shared by that many processes is 0 either way
-    n = n > (SIZE_MAX - d) / 10 ? SIZE_MAX : n * 10 + d;
-  }
-  return n > 0 ? n : 1;
-}
-
-size_t local_world_size() {
-  return parse_local_world_size(std::getenv("LOCAL_WORLD_SIZE"));
-}
-
-bool host_budget_rule(
-    const char* limit_mb,
-    const char* local_world_size,
-    size_t host_bytes,
-    size_t* bytes,
-    std::string* err) {
-  std::string raw = limit_mb ? limit_mb : "";
-  const char* blanks = " \t\n\r\f\v";
-  const size_t b = raw.find_first_not_of(blanks);
-  if (limit_mb == nullptr || b == std::string::npos) {
-    // unset or blank: 80% of the host, shared by the node's processes
-    const double share = static_cast<double>(host_bytes) * 0.80;
-    *bytes = static_cast<size_t>(share) /
-        parse_local_world_size(local_world_size);
-    return true;
-  }
-  const std::string text = raw.substr(b, raw.find_last_not_of(blanks) - b + 1);
-  auto refuse = [&](const char* why) {
-    *err = std::string("PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB='") + raw +
-        "': expected a number of MiB, finite and >= 0 (e.g. 65536)" + why;
-    return false;
-  };
-  // what Python's float() reads: decimal only, '_' only between digits
-  std::string num;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '_') {
-      const bool between = i > 0 && i + 1 < text.size() &&
-          std::isdigit(static_cast<unsigned char>(text[i - 1])) &&
-          std::isdigit(static_cast<unsigned char>(text[i + 1]));
-      if (!between) {
-        return refuse("");
-      }
-      continue;
-    }
-    if (c == 'x' || c == 'X' || c == 'p' || c == 'P' || c == '(') {
-      return refuse(""); // hexadecimal floats and nan(...) are C's only
-    }
-    num.push_back(c);
-  }
-  char* end = nullptr;
-  const double mb = std::strtod(num.c_str(), &end);
-  if (end == num.c_str() || *end != '\0') {
-    return refuse("");
-  }
-  if (!std::isfinite(mb)) {
-    return refuse("; it is not finite");
-  }
-  if (mb < 0) {
-    return refuse("; must not be negative");
-  }
-  const double v = mb * static_cast<double>(kMiB);
-  *bytes = v >= 18446744073709551615.0 ? SIZE_MAX : static_cast<size_t>(v);
-  return true;
-}
-
-} // namespace impl
 
 bool enabled() {
   return settings().enabled.load(std::memory_order_relaxed);
@@ -260,22 +96,6 @@ bool defrag_enabled() {
 }
 void set_defrag_enabled(bool on) {
   settings().defrag = on;
-}
-size_t host_mem_limit() {
-  auto& s = settings();
-  if (!s.host_limit_set.load()) {
-    std::lock_guard<std::mutex> g(budget_mutex());
-    if (!s.host_limit_set.load()) {
-      s.host_limit = default_host_limit();
-      s.host_limit_set = true;
-    }
-  }
-  return s.host_limit.load();
-}
-void set_host_mem_limit(size_t bytes) {
-  std::lock_guard<std::mutex> g(budget_mutex());
-  settings().host_limit = bytes;
-  settings().host_limit_set = true;
 }
 
 size_t host_reserve_setting() {
@@ -324,94 +144,6 @@ size_t large_page_bytes(int device, size_t upstream_page, bool grow) {
   return page;
 }
 
-// Host pages are host allocations of the VMM API: a driver older than CUDA
-// 12.2 makes LMS unavailable. The headers a tag builds with may be older
-// (v1.13.1's wheel: CUDA 11.7); the enum values are fixed in the driver's ABI.
-// Without a driver (0) nothing can be allocated, and settings still work.
-int set_device_access(unsigned long long va, size_t size, int device) {
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-  CUmemAccessDesc desc = {};
-  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  desc.location.id = device;
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  return c10::cuda::DriverAPI::get()->cuMemSetAccess_(va, size, &desc, 1);
-#else
-  (void)va;
-  (void)size;
-  (void)device;
-  return -1; // not reached: LMS cannot be enabled here (supported())
-#endif
-}
-
-int remap_page(
-    unsigned long long va,
-    size_t size,
-    unsigned long long from,
-    unsigned long long to,
-    const int* devices,
-    size_t n) {
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-  static const long fail_at = [] {
-    const char* env = std::getenv("PYTORCH_LMS_TEST_FAIL_REMAP");
-    return env ? std::strtol(env, nullptr, 10) : 0L;
-  }();
-  static std::atomic<long> calls{0};
-  auto* api = c10::cuda::DriverAPI::get();
-  auto open = [&](CUresult r) {
-    for (size_t k = 0; k < n && r == CUDA_SUCCESS; ++k) {
-      r = static_cast<CUresult>(set_device_access(va, size, devices[k]));
-    }
-    return r;
-  };
-  CUresult r = api->cuMemUnmap_(va, size);
-  if (r != CUDA_SUCCESS) {
-    return r; // nothing changed
-  }
-  const bool inject = fail_at > 0 && ++calls == fail_at;
-  r = inject ? CUDA_ERROR_OUT_OF_MEMORY : api->cuMemMap_(va, size, 0, to, 0ULL);
-  if (r == CUDA_SUCCESS) {
-    r = open(r);
-    if (r == CUDA_SUCCESS) {
-      return 0;
-    }
-    api->cuMemUnmap_(va, size);
-  }
-  // put the old page back under the data's address
-  CUresult back = open(api->cuMemMap_(va, size, 0, from, 0ULL));
-  TORCH_CHECK(
-      back == CUDA_SUCCESS,
-      "Large Model Support: moving a page failed (CUDA driver error ",
-      static_cast<int>(r),
-      ") and mapping its old memory back failed too (error ",
-      static_cast<int>(back),
-      "); the tensors on it cannot be used");
-  return static_cast<int>(r);
-#else
-  (void)va;
-  (void)size;
-  (void)from;
-  (void)to;
-  (void)devices;
-  (void)n;
-  return -1; // not reached: LMS cannot be enabled here (supported())
-#endif
-}
-
-bool supported() {
-#if !defined(USE_ROCM) && defined(PYTORCH_C10_DRIVER_API_SUPPORTED)
-  static const bool ok = [] {
-    int v = 0;
-    if (cudaDriverGetVersion(&v) != cudaSuccess) {
-      v = 0;
-    }
-    return v == 0 || v >= kHostNumaDriver;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
 bool parse_setting(
     const std::vector<std::string>& config,
     size_t i,
@@ -458,233 +190,4 @@ bool parse_setting(
   return true;
 }
 
-bool host_reserve(size_t bytes) {
-  size_t lim = host_mem_limit();
-  std::lock_guard<std::mutex> g(budget_mutex());
-  if (g_host_used + bytes > lim) {
-    return false;
-  }
-  g_host_used += bytes;
-  g_host_peak = std::max(g_host_peak, g_host_used);
-  return true;
-}
-void host_release(size_t bytes) {
-  std::lock_guard<std::mutex> g(budget_mutex());
-  g_host_used -= std::min(bytes, g_host_used);
-}
-size_t host_used() {
-  std::lock_guard<std::mutex> g(budget_mutex());
-  return g_host_used;
-}
-static size_t host_budget_peak() {
-  std::lock_guard<std::mutex> g(budget_mutex());
-  return g_host_peak;
-}
-
-const char* stat_name(int s) {
-  return (s >= 0 && s < kNumStats) ? kStatNames[s] : "?";
-}
-void stat_add(int device, int s, int64_t v) {
-  if (device < 0 || device >= kMaxDevices) {
-    return;
-  }
-  auto& d = all_stats()[device];
-  int64_t now = d.v[s].fetch_add(v) + v;
-  if (s == kHostBytes) {
-    int64_t peak = d.host_peak.load();
-    while (now > peak && !d.host_peak.compare_exchange_weak(peak, now)) {
-    }
-  }
-}
-int64_t stat_get(int device, int s) {
-  if (device < 0 || device >= kMaxDevices) {
-    return 0;
-  }
-  return all_stats()[device].v[s].load();
-}
-int64_t host_bytes_peak(int device) {
-  if (device < 0 || device >= kMaxDevices) {
-    return 0;
-  }
-  return all_stats()[device].host_peak.load();
-}
-void reset_peak(int device) {
-  if (device >= 0 && device < kMaxDevices) {
-    auto& d = all_stats()[device];
-    d.host_peak = d.v[kHostBytes].load();
-  }
-  std::lock_guard<std::mutex> g(budget_mutex());
-  g_host_peak = g_host_used;
-}
-void reset_accumulated(int device) {
-  if (device < 0 || device >= kMaxDevices) {
-    return;
-  }
-  auto& d = all_stats()[device];
-  for (int s = 0; s < kNumStats; ++s) {
-    if (s != kHostBytes) {
-      d.v[s] = 0;
-    }
-  }
-}
-
-std::string stats_text(int device) {
-  std::ostringstream o;
-  o << "enabled=" << (enabled() ? 1 : 0) << "\n";
-  for (int s = 0; s < kNumStats; ++s) {
-    o << kStatNames[s] << "=" << stat_get(device, s) << "\n";
-  }
-  o << "host_bytes.peak=" << host_bytes_peak(device) << "\n";
-  o << "page_bytes.large="
-    << (device >= 0 && device < kMaxDevices
-            ? all_stats()[device].large_page.load()
-            : 0)
-    << "\n";
-  o << "host_budget.limit=" << host_mem_limit() << "\n";
-  o << "host_budget.used=" << host_used() << "\n";
-  o << "host_budget.peak=" << host_budget_peak() << "\n";
-  o << host_pool_stats();
-  o << "limit=" << limit() << "\n";
-  o << "size=" << min_swap_size() << "\n";
-  o << "defrag=" << (defrag_enabled() ? 1 : 0) << "\n";
-  o << launch_gate_stats();
-  return o.str();
-}
-
 } // namespace c10::cuda::CUDACachingAllocator::lms
-
-namespace lms = c10::cuda::CUDACachingAllocator::lms;
-
-extern "C" {
-int c10_lms_abi_version() {
-  return 1;
-}
-int c10_lms_supported() {
-  return lms::supported() ? 1 : 0;
-}
-void c10_lms_set_enabled(int on) {
-  lms::set_enabled(on != 0);
-}
-int c10_lms_get_enabled() {
-  return lms::enabled() ? 1 : 0;
-}
-void c10_lms_set_limit(unsigned long long bytes) {
-  lms::set_limit(bytes);
-}
-unsigned long long c10_lms_get_limit() {
-  return lms::limit();
-}
-void c10_lms_set_size(unsigned long long bytes) {
-  lms::set_min_swap_size(bytes);
-}
-unsigned long long c10_lms_get_size() {
-  return lms::min_swap_size();
-}
-void c10_lms_set_host_mem_limit(unsigned long long bytes) {
-  lms::set_host_mem_limit(bytes);
-}
-unsigned long long c10_lms_get_host_mem_limit() {
-  return lms::host_mem_limit();
-}
-void c10_lms_set_defrag(int on) {
-  lms::set_defrag_enabled(on != 0);
-}
-int c10_lms_get_defrag() {
-  return lms::defrag_enabled() ? 1 : 0;
-}
-int c10_lms_host_reserve(unsigned long long bytes) {
-  return lms::host_reserve(bytes) ? 1 : 0;
-}
-void c10_lms_host_release(unsigned long long bytes) {
-  lms::host_release(bytes);
-}
-unsigned long long c10_lms_host_used() {
-  return lms::host_used();
-}
-unsigned long long c10_lms_stats(
-    int device,
-    char* buf,
-    unsigned long long cap) {
-  std::string s = lms::stats_text(device);
-  if (buf && cap > 0) {
-    size_t n = std::min<size_t>(s.size(), cap - 1);
-    std::memcpy(buf, s.data(), n);
-    buf[n] = '\0';
-  }
-  return s.size();
-}
-void c10_lms_reset_peak_stats(int device) {
-  lms::reset_peak(device);
-}
-void c10_lms_reset_accumulated_stats(int device) {
-  lms::reset_accumulated(device);
-}
-int c10_lms_host_budget_rule(
-    const char* limit_mb,
-    const char* local_world_size,
-    unsigned long long host_bytes,
-    unsigned long long* bytes,
-    char* err,
-    unsigned long long cap) {
-  size_t out = 0;
-  std::string why;
-  if (!lms::impl::host_budget_rule(
-          limit_mb, local_world_size, static_cast<size_t>(host_bytes), &out, &why)) {
-    if (err && cap > 0) {
-      size_t n = std::min<size_t>(why.size(), cap - 1);
-      std::memcpy(err, why.data(), n);
-      err[n] = '\0';
-    }
-    return -1;
-  }
-  if (bytes) {
-    *bytes = out;
-  }
-  return 0;
-}
-int c10_lms_parse_settings(
-    const char* settings,
-    char* err,
-    unsigned long long cap) {
-  try {
-    // the same lexer rules as CUDAAllocatorConfig::lexArgs
-    std::vector<std::string> config;
-    std::string buf;
-    for (const char* c = settings; c && *c; ++c) {
-      if (*c == ',' || *c == ':' || *c == '[' || *c == ']') {
-        if (!buf.empty()) {
-          config.push_back(buf);
-          buf.clear();
-        }
-        config.emplace_back(1, *c);
-      } else if (*c != ' ') {
-        buf.push_back(*c);
-      }
-    }
-    if (!buf.empty()) {
-      config.push_back(buf);
-    }
-    for (size_t i = 0; i < config.size(); ++i) {
-      size_t last = i;
-      TORCH_CHECK(
-          lms::parse_setting(config, i, &last),
-          "not an LMS option: ",
-          config[i]);
-      i = last;
-      if (i + 1 < config.size()) {
-        TORCH_CHECK(config[i + 1] == ",", "expected ',' after ", config[i]);
-        ++i;
-      }
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    if (err && cap > 0) {
-      std::string m = e.what();
-      size_t n = std::min<size_t>(m.size(), cap - 1);
-      std::memcpy(err, m.data(), n);
-      err[n] = '\0';
-    }
-    return -1;
-  }
-}
-}

@@ -1,6 +1,7 @@
 #pragma once
-// Large Model Support: the rule for the host budget's default, written once
-// (defined in c10/cuda/CUDALargeModelSupport.cpp). Not an installed header.
+// Large Model Support: the rule for the host budget's default, written once,
+// and the budget's peak for the statistics (defined in
+// impl/LMSHostBudget.cpp). Not an installed header.
 //
 // The budget is PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB MiB per process when that is
 // set (not blank), else 80% of the host's memory shared equally by the
@@ -34,5 +35,11 @@ bool host_budget_rule(
     size_t host_bytes,
     size_t* bytes,
     std::string* err);
+
+// The most host budget in use at once since the last reset
+// (host_budget.peak of stats_text), and its reset to what is in use now
+// (reset_peak).
+size_t host_budget_peak();
+void reset_host_budget_peak();
 
 } // namespace c10::cuda::CUDACachingAllocator::lms::impl
