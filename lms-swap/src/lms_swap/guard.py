@@ -19,6 +19,9 @@ from .net_toolchain import (NET_HEADERS, cached_build, cuda_include_dirs,  # noq
                             cpu_only_reason, libstdcxx_link_flags, missing_cuda_headers,
                             unsupported_reason)
 
+__all__ = ["GUARD_HEADERS", "GUARD_SOURCE", "HOST_FULL_WORDS", "allocator_refusal", "arm_guard",
+           "build_guard", "cuda_include_dirs", "load_guard", "loaded_guard", "unsupported_reason"]
+
 # refused here, before anything else of the package runs: a prebuilt net of another torch
 prebuilt.check_at_import()
 

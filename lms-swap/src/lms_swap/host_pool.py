@@ -3,7 +3,6 @@ of any size."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import threading
@@ -12,9 +11,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .environment import ENV_HOST_LIMIT, MiB, LMSHostMemoryError, fmt, host_available
-from .host_ranges import Chunk as _Chunk, FreeRanges
+from .environment import MiB, LMSHostMemoryError, fmt, host_available
+from .host_keep import ChunkKeeping
+from .host_limits import HostLimits
+from .host_ranges import Chunk as _Chunk, CoolingRanges, FreeRanges
 from .pinned import PAGE, map_host, releaser
+
+__all__ = ["HostPool"]
 
 _ALIGN = 4096       # every range starts on a 4 KiB boundary
 _HUGE = 2 * MiB     # chunks are whole huge pages where the kernel has them
@@ -45,29 +48,21 @@ class HostPool:
     twice the memory.)  With ``pin=False`` (CPU-only machines, tests) the chunks are
     plain host memory and all accounting works the same.
 
-    ``limit`` bounds :attr:`reserved` (bytes pinned, in use or not).  Growing past it
-    first releases chunks nothing is carved from; when that is not enough
-    :class:`LMSHostMemoryError` is raised.  The pool also refuses to grow when the
-    machine would be left with less than ``min_available`` bytes of available memory.
-    ``reserve_fn(n)->bool`` / ``release_fn(n)`` (the allocator's shared accounting on a
-    patched build) are called when chunks are created and destroyed.  A chunk is given
-    back only whole, so free bytes scattered over chunks that still hold a swapped
-    tensor stay pinned; the chunk size bounds that waste per chunk.
+    ``limit`` bounds :attr:`reserved` (bytes pinned, in use or not), ``min_available``
+    keeps a floor of the machine's available memory, and ``reserve_fn`` / ``release_fn``
+    are the allocator's shared budget on a patched build (:class:`~.host_limits.HostLimits`).
+    Growing past one of them first releases chunks nothing is carved from; when that is
+    not enough :class:`LMSHostMemoryError` is raised.  A chunk is given back only whole, so
+    free bytes scattered over chunks that still hold a swapped tensor stay pinned; the
+    chunk size bounds that waste per chunk.
 
     Between training steps (:meth:`end_step`) the pool gives back the chunks nothing was
-    carved from in the last ``keep_steps`` steps nor in the last ``keep_seconds``: host
-    memory follows need, and what any recent step used stays pinned.  Pinning runs at
-    3-4 GB/s (on the H100 machine), and a step's need varies: a Llama at 1.5x swapped
-    its 6.6 GiB fp32 logits in two steps of every four; a pool capped at the most one
-    step had in use gave that memory back and pinned it again every cycle (4 s in a
-    1.7 s step).  A loop with an evaluation pass every 10 steps that swapped 17 GB more
-    than its training steps lost those chunks after 8 steps and spent 2.5-4 s pinning
-    them again in each pass.  When the pool pins again after giving chunks back, the
-    need recurred: ``keep_seconds`` grows to twice the time from those chunks' last use
-    to now (at most ``max_keep_seconds``), so a need that comes back every period keeps
-    its chunks from then on.  Unused chunks yield to the
-    limit at once: when the eviction net's host copies (``extra_fn``) and what the pool
-    holds exceed it, the next pool operation releases them, least recently used first.
+    carved from in the last ``keep_steps`` steps nor in the last ``keep_seconds``, which
+    grows when a need it gave back comes again (:class:`~.host_keep.ChunkKeeping`).
+
+    Unused chunks yield to the limit at once: when the eviction net's host copies
+    (``extra_fn``) and what the pool holds exceed it, the next pool operation releases
+    them, least recently used first.
     The net counts every byte the pool holds (``on_change`` reports :attr:`reserved`)
     and cannot wait for Python, so the pool offers it each chunk the moment nothing is
     carved from it (``net.offer``): when the net's copies would go over the limit it
@@ -99,36 +94,20 @@ class HostPool:
         max_keep_seconds: float = 600.0,
         clock=time.monotonic,
     ) -> None:
-        if limit < 0:
-            raise ValueError("host pool limit must be >= 0")
-        if keep_steps < 1:
-            raise ValueError("host pool keep_steps must be >= 1")
+        self._limits = HostLimits(limit, min_available, reserve_fn, release_fn,
+                                  available_fn, extra_fn)
+        self._keep = ChunkKeeping(keep_steps, keep_seconds, max_keep_seconds, clock)
         if chunk_bytes <= 0:
             raise ValueError("host pool chunk_bytes must be > 0")
-        if not 0 <= keep_seconds <= max_keep_seconds:
-            raise ValueError("host pool keep_seconds must be in [0, max_keep_seconds]")
-        self.limit = int(limit)
         self.pin = bool(pin)
-        self.min_available = int(min_available)
-        self._reserve_fn = reserve_fn
-        self._release_fn = release_fn
-        self._available_fn = available_fn
-        self._extra_fn = extra_fn      # host bytes held elsewhere under the same limit
         self._on_change = on_change    # called with `reserved` when it changes
         self._net = net                # offer / withdraw / take_discarded (the eviction net)
-        self.keep_steps = int(keep_steps)
-        self.keep_seconds = float(keep_seconds)
-        self.max_keep_seconds = float(max_keep_seconds)
-        self._clock = clock
-        self._gave_back_use: Optional[float] = None  # last use of what end_step gave back
         self.chunk_bytes = _round_up(chunk_bytes, PAGE)
-        self._step = 0                 # end_step() calls so far
         self._lock = threading.RLock()
         self._chunks: Dict[int, _Chunk] = {}
         self._free = FreeRanges()
         self._live: Dict[int, Tuple[_Chunk, int, int]] = {}  # data_ptr -> chunk, start, length
-        # ranges returned whose last copy may still run: (chunk, start, length, event)
-        self._cooling: "collections.deque" = collections.deque()
+        self._cooling = CoolingRanges()  # ranges returned whose last copy may still run
         self._pending: List[tuple] = []
         self._busy = False
         self.reserved = 0
@@ -144,6 +123,36 @@ class HostPool:
         self._device: Optional[int] = None  # where the chunks were pinned
 
     # -- public --------------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        """The host memory limit the pool holds under (settable)."""
+        return self._limits.limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self._limits.limit = value
+
+    @property
+    def min_available(self) -> int:
+        """The machine's available memory the pool leaves (settable)."""
+        return self._limits.min_available
+
+    @min_available.setter
+    def min_available(self, value: int) -> None:
+        self._limits.min_available = value
+
+    @property
+    def keep_steps(self) -> int:
+        return self._keep.keep_steps
+
+    @property
+    def keep_seconds(self) -> float:
+        return self._keep.keep_seconds
+
+    @property
+    def max_keep_seconds(self) -> float:
+        return self._keep.max_keep_seconds
+
     def alloc(self, nbytes: int) -> torch.Tensor:
         """A uint8 host tensor of exactly ``nbytes`` bytes (pinned when ``pin``), one
         range of one chunk."""
@@ -200,19 +209,16 @@ class HostPool:
         released = 0
         with self._lock:
             self._flush()
-            self._step += 1
-            oldest = self._step - self.keep_steps  # chunks last used before that step go
-            now = self._clock()
+            oldest, now = self._keep.step_end()  # chunks last used before `oldest` go
             with self._deferring_frees():
                 self._collect()
                 self._reclaim("poll")
                 for c in self._idle_chunks():
                     if c.last_step >= oldest:
                         break
-                    if now - c.last_time >= self.keep_seconds:
+                    if self._keep.idle_too_long(c, now):
                         released += self._release_chunk(c)
-                        self._gave_back_use = max(self._gave_back_use or c.last_time,
-                                                  c.last_time)
+                        self._keep.gave_back(c)
             released += self._trim_to_limit()
         return released
 
@@ -286,30 +292,15 @@ class HostPool:
                 chunk, start, length = ent
                 self.in_use -= buf.numel()
                 self._touch(chunk)
-                self._cooling.append((chunk, start, length, event))
+                self._cooling.add(chunk, start, length, event)
             self._reclaim("front")
         self._changed()
         self._trim_to_limit()
 
     def _reclaim(self, how: str) -> None:
-        """Makes returned ranges free again once their last copy finished: ``"front"``
-        those at the head of the queue, ``"poll"`` all that finished, ``"wait"`` all
-        (waiting for their copies)."""
-        q = self._cooling
-        if how == "front":
-            while q and (q[0][3] is None or q[0][3].query()):
-                self._put_back(*q.popleft()[:3])
-            return
-        keep = collections.deque()
-        while q:
-            chunk, start, length, ev = q.popleft()
-            if ev is not None and how == "poll" and not ev.query():
-                keep.append((chunk, start, length, ev))
-                continue
-            if ev is not None and how == "wait":
-                ev.synchronize()
-            self._put_back(chunk, start, length)
-        self._cooling = keep
+        """Makes returned ranges free again once their last copy finished
+        (:meth:`~.host_ranges.CoolingRanges.reclaim`: ``"front"``, ``"poll"`` or ``"wait"``)."""
+        self._cooling.reclaim(how, self._put_back)
 
     # -- ranges --------------------------------------------------------------------
     def _take(self, nbytes: int, split: bool) -> List[torch.Tensor]:
@@ -402,8 +393,7 @@ class HostPool:
 
     # -- chunks --------------------------------------------------------------------
     def _touch(self, chunk: _Chunk) -> None:
-        chunk.last_step = self._step
-        chunk.last_time = self._clock()
+        self._keep.touch(chunk)
 
     def _idle_chunks(self) -> List[_Chunk]:
         """Chunks nothing is carved from, least recently used first."""
@@ -417,16 +407,16 @@ class HostPool:
         self._unbook(chunk)
         self.evictions += 1
         releaser.put(chunk.buf, None, self._device if self.pin else None,
-                     self._release_fn)
+                     self._limits.release_fn)
         self._changed()
         return chunk.size
 
     def _trim_to_limit(self) -> int:
         """Releases idle chunks, least recently used first, while what the pool holds and
         the host memory held elsewhere under the same limit exceed it."""
-        if self._extra_fn is None:
+        extra = self._limits.held_elsewhere()
+        if extra is None:
             return 0
-        extra = self._extra_fn()
         if self.reserved + extra <= self.limit:
             return 0
         released = 0
@@ -463,7 +453,8 @@ class HostPool:
         size alone when the limits leave no room for more."""
         want = _round_up(max(_round_up(need, _HUGE), self.chunk_bytes), PAGE)
         exact = _round_up(need, PAGE)
-        if not self._fits_now(want):  # never release chunks for room beyond the need
+        # never release chunks for room beyond the need
+        if not self._limits.fits_now(self._held(), want):
             want = exact
         try:
             self._make_room(want)
@@ -474,59 +465,22 @@ class HostPool:
             self._make_room(want)
         self._create(want)
 
-    def _over_limit(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more would exceed our limit (shared with the eviction net's
-        host copies)."""
-        extra = self._extra_fn() if self._extra_fn is not None else 0
-        return self._held() + extra + nbytes > self.limit
-
-    def _machine_available(self) -> Optional[int]:
-        """The machine's available memory, where the pool keeps a floor under it."""
-        if self.min_available > 0 and self._available_fn is not None:
-            return self._available_fn()
-        return None
-
-    def _fits_now(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more fit under the limit and the machine's floor as things
-        are, nothing released."""
-        avail = self._machine_available()
-        return not self._over_limit(nbytes) and (
-            avail is None or avail - nbytes >= self.min_available)
-
     def _make_room(self, nbytes: int) -> None:
+        lim = self._limits
         # 1. our own limit (shared with the eviction net's host copies)
-        while self._over_limit(nbytes):
+        while lim.over_limit(self._held(), nbytes):
             if not self._give_way():
-                raise LMSHostMemoryError(
-                    f"LMS: host swap space exhausted: {fmt(nbytes)} more would exceed "
-                    f"the host memory limit of {fmt(self.limit)} ({fmt(self.in_use)} in "
-                    f"use by swapped tensors). Raise {ENV_HOST_LIMIT} (MiB) or "
-                    f"host_limit=..., lower the batch size, or combine swapping with "
-                    f"torch.utils.checkpoint."
-                )
+                raise lim.limit_error(nbytes, self.in_use)
         # 2. the machine
-        avail = self._machine_available()
-        while avail is not None and avail - nbytes < self.min_available:
+        avail = lim.machine_available()
+        while avail is not None and avail - nbytes < lim.min_available:
             if not self._give_way():
-                raise LMSHostMemoryError(
-                    f"LMS: host memory nearly exhausted: {fmt(nbytes)} more swap "
-                    f"space would leave {fmt(avail - nbytes)} available on this "
-                    f"machine (keeping at least {fmt(self.min_available)} free so the "
-                    f"OOM killer does not end the process); {fmt(self.in_use)} in use "
-                    f"by swapped tensors, limit {fmt(self.limit)}. Lower the batch "
-                    f"size or free host memory."
-                )
-            avail = self._machine_available()
+                raise lim.floor_error(nbytes, avail, self.in_use)
+            avail = lim.machine_available()
         # 3. the allocator's shared budget (patched build)
-        if self._reserve_fn is not None:
-            while not self._reserve_fn(nbytes):
-                if not self._give_way():
-                    raise LMSHostMemoryError(
-                        f"LMS: host memory limit shared with the CUDA allocator's LMS "
-                        f"reached: cannot reserve {fmt(nbytes)} more swap space "
-                        f"({fmt(self.reserved)} held by activation swapping). Raise "
-                        f"{ENV_HOST_LIMIT} (MiB) or lower the batch size."
-                    )
+        while not lim.reserve(nbytes):
+            if not self._give_way():
+                raise lim.budget_error(nbytes, self.reserved)
 
     def _create(self, length: int) -> None:
         """Maps (and pins) a chunk of ``length`` bytes, a multiple of the page size, its
@@ -548,18 +502,14 @@ class HostPool:
                     f"LMS: pinning {fmt(length)} of host memory failed ({e}); "
                     f"{fmt(self.reserved)} already pinned for swapping.") from None
         except BaseException:
-            if self._reserve_fn is not None and self._release_fn is not None:
-                self._release_fn(length)
+            self._limits.unreserve(length)
             self._changed()
             raise
         if self.pin:
             self.pin_seconds += time.perf_counter() - t0
-        now = self._clock()
-        if self._gave_back_use is not None:  # the need end_step gave back came again
-            self.keep_seconds = min(self.max_keep_seconds,
-                                    max(self.keep_seconds, 2 * (now - self._gave_back_use)))
-            self._gave_back_use = None
-        chunk = _Chunk(next(_chunk_ids), buf, self._step, now)
+        now = self._keep.now()
+        self._keep.pinned_again(now)  # the need end_step gave back came again
+        chunk = _Chunk(next(_chunk_ids), buf, self._keep.step, now)
         self._chunks[chunk.id] = chunk
         self._free.add(chunk, 0, length)
         self.reserved += length
@@ -594,8 +544,7 @@ class HostPool:
         chunk.offered = False
         self._unbook(chunk)
         self.net_discards += 1
-        if self._release_fn is not None:
-            self._release_fn(chunk.size)
+        self._limits.released(chunk.size)
         chunk.buf = None  # the last reference: the mapping goes
         self._changed()
 

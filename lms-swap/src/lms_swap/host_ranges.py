@@ -1,15 +1,17 @@
 """The free ranges of the host pool's chunks (:mod:`.host_pool`): per chunk, its free ranges
 by start and by end, neighbours always merged; across chunks, one index of every free range
-by length, for best fit."""
+by length, for best fit.  And the ranges handed back that wait for their last copy before
+they are free again."""
 
 from __future__ import annotations
 
 import bisect
+import collections
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["Chunk", "FreeRanges"]
+__all__ = ["Chunk", "CoolingRanges", "FreeRanges"]
 
 
 class Chunk:
@@ -79,3 +81,38 @@ class FreeRanges:
         if start + length in chunk.starts:
             length += self.drop(chunk, start + length)
         self.add(chunk, start, length)
+
+
+class CoolingRanges:
+    """Ranges handed back whose last copy may still run, in the order they came back: each is
+    free again only once its copy's event (if any) completed, so the next tensor's copy never
+    meets one still reading or writing it."""
+
+    def __init__(self) -> None:
+        self._q: "collections.deque" = collections.deque()  # (chunk, start, length, event)
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+    def add(self, chunk: Chunk, start: int, length: int, event) -> None:
+        self._q.append((chunk, start, length, event))
+
+    def reclaim(self, how: str, put_back) -> None:
+        """Hands ``put_back(chunk, start, length)`` the ranges whose last copy finished:
+        ``"front"`` those at the head of the queue, ``"poll"`` all that finished, ``"wait"``
+        all (waiting for their copies)."""
+        q = self._q
+        if how == "front":
+            while q and (q[0][3] is None or q[0][3].query()):
+                put_back(*q.popleft()[:3])
+            return
+        keep = collections.deque()
+        while q:
+            chunk, start, length, ev = q.popleft()
+            if ev is not None and how == "poll" and not ev.query():
+                keep.append((chunk, start, length, ev))
+                continue
+            if ev is not None and how == "wait":
+                ev.synchronize()
+            put_back(chunk, start, length)
+        self._q = keep

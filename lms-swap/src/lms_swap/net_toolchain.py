@@ -13,6 +13,10 @@ from typing import List, Optional
 
 import torch
 
+__all__ = ["NET_HEADERS", "NET_SOURCE", "cached_build", "cpu_only_reason", "cuda_headers_version",
+           "cuda_include_dirs", "libstdcxx_link_flags", "missing_cuda_headers", "nvml_include_dirs",
+           "refusal", "unsupported_reason"]
+
 # The eviction net is one translation unit: NET_SOURCE, which includes the headers of the net's
 # parts (NET_HEADERS) from its own folder.  They go where it goes: lms-swap's package data
 # (pyproject.toml), torch/cuda/ in a PyTorch tree (patches/pytorch/shared.toml [repo_files]).

@@ -17,6 +17,9 @@ from typing import Any, Dict, Optional
 
 import torch
 
+__all__ = ["absence_reason", "build_record", "check_at_import", "load", "local_version_tag",
+           "record", "refusal"]
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD_FILE = os.path.join(_HERE, "_net_build.json")
 MODULE = "_lms_swap_guard"
