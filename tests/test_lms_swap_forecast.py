@@ -155,7 +155,7 @@ def test_the_plan_comes_first_then_pressure(m):
 class _Owner:
     """Stands in for the swapper a handle returns its host memory to."""
 
-    def _release(self, h):
+    def release_handle(self, h):
         pass
 
 

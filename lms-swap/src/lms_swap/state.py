@@ -30,7 +30,7 @@ class Swapped:
         """The handle of ``t``: swapped to ``host`` (the pool's pieces that hold its
         bytes, in order), or kept on the device in ``slot``."""
         h = cls()
-        h.owner = owner  # from here on, dropping h returns the host buffer
+        h.owner = owner  # from here on, dropping h returns the host buffer (owner.release_handle)
         h.host, h.slot = host, slot
         h.nbytes = nbytes
         h.size, h.stride, h.dtype, h.device = t.size(), t.stride(), t.dtype, t.device
@@ -46,7 +46,7 @@ class Swapped:
         owner = self.owner
         if owner is not None and (self.host is not None or self.gpu is not None):
             try:
-                owner._release(self)
+                owner.release_handle(self)
             except Exception:
                 pass
 

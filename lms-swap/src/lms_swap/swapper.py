@@ -584,7 +584,9 @@ class ActivationSwapper:
         return t
 
     # -- release -----------------------------------------------------------------------
-    def _release(self, h: Swapped) -> None:
+    def release_handle(self, h: Swapped) -> None:
+        """What a handle's owner does when the handle is dropped (:meth:`Swapped.__del__`):
+        its host memory goes back to the pool, a copy in never used back to its stream."""
         if h.ahead:  # prefetched, never used
             h.ahead = False
             st = self._dev.get(_device_key(h.device))
