@@ -41,8 +41,7 @@ class HostLimits:
     def over_limit(self, held: int, nbytes: int) -> bool:
         """Whether ``nbytes`` more than the pool's ``held`` would exceed the limit (shared
         with the eviction net's host copies)."""
-        extra = self.extra_fn() if self.extra_fn is not None else 0
-        return held + extra + nbytes > self.limit
+        return held + (self.held_elsewhere() or 0) + nbytes > self.limit
 
     def machine_available(self) -> Optional[int]:
         """The machine's available memory, where the pool keeps a floor under it."""
