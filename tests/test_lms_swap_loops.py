@@ -290,8 +290,9 @@ def _loss_through_the_swapper(m, monkeypatch, policy, retain):
     (``policy="always"``) or none (``"never"``): the input's gradient after one backward,
     or two with ``retain_graph``, and what the chunked backward found handed over."""
     import torch.nn.functional as F
-    from lms_swap import chunked_loss, swapper
+    from lms_swap import chunked_loss, loss_chunking, swapper
     monkeypatch.setattr(chunked_loss, "MIN_BYTES", 4096)
+    monkeypatch.setattr(loss_chunking, "MIN_BYTES", 4096)
     monkeypatch.setattr(swapper, "MIN_BYTES", 4096)
     monkeypatch.setattr(chunked_loss, "BLOCK_BYTES", 7 * 4 * 500)
     taken = []

@@ -1,8 +1,9 @@
 """The swapper: saved-tensor hooks that swap activations out under pressure and bring them
 back ahead of backward, and the bookkeeping of each step's phases around them.  It owns what
 does the rest: the forecast (:class:`~.forecast.StepForecast`), the pacing of forward's copies
-out (:class:`~.copies.CopyPacer`), backward's copies in (:class:`~.prefetch.Prefetcher`) and
-the host pool (:class:`~.host_pool.HostPool`).
+out (:class:`~.copies.CopyPacer`), backward's copies in (:class:`~.prefetch.Prefetcher`),
+the host pool (:class:`~.host_pool.HostPool`) and the choice of the losses that run in blocks
+(:class:`~.loss_chunking.LossChunking`).
 
 Invariant: autograd holds, for each tensor saved, that tensor (without its history) or a handle
 that gives back its exact bytes and returns its host memory when dropped; a step's phase
@@ -20,13 +21,14 @@ import torch
 
 from . import device_memory
 from .autograd_facts import COMPILED_OOM, in_backward, in_compiled_graph, no_history
-from .chunked_loss import MIN_BYTES, LossPatch, hand_over
+from .chunked_loss import MIN_BYTES, hand_over
 from .copies import CopyPacer, copy_into_pieces, flat_bytes, plain_bytes
 from .environment import (GiB, LMSHostMemoryError, OutOfMemoryError, allocator_lms,
                           host_budget_default, host_mem_limit_from_env, host_total)
 from .forecast import StepForecast
 from .guard import HOST_FULL_WORDS, arm_guard, load_guard, loaded_guard
 from .host_pool import HostPool
+from .loss_chunking import LossChunking
 from .pinned import releaser
 from .policy import SwapConfig, dense_span, storage_bytes
 from .prefetch import Prefetcher
@@ -34,9 +36,6 @@ from .report import swap_stats
 from .state import DevState, Swapped, check_version
 
 __all__ = ["ActivationSwapper"]
-
-_LOSS = LossPatch()  # F.cross_entropy while any swapper is entered (chunked_loss)
-_LOSS_LOCK = threading.Lock()
 
 
 def _device_key(device: torch.device) -> Optional[int]:
@@ -79,6 +78,8 @@ class ActivationSwapper:
                                 lambda: self._pass_id)
         self._prefetcher = Prefetcher(self.config, self._forecast, self._allocated,
                                       lambda: self._pass_id)
+        self._loss = LossChunking(self.config, self._tls, self._lock, self._state,
+                                  self._allocated, self._guard, self._forecast.cap)
         self._reset_counters()
 
     # -- configuration -------------------------------------------------------------
@@ -168,15 +169,13 @@ class ActivationSwapper:
         if stack is None:
             stack = self._tls.hooks = []
         stack.append(h)
-        with _LOSS_LOCK:
-            _LOSS.enter(self._chunk_loss)
+        self._loss.enter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         h = self._tls.hooks.pop()
         h.__exit__(*exc)
-        with _LOSS_LOCK:
-            _LOSS.exit()
+        self._loss.exit()
         if isinstance(exc[1], OutOfMemoryError) and in_compiled_graph(exc[2]):
             raise OutOfMemoryError(COMPILED_OOM + str(exc[1])) from exc[1]
         if (isinstance(exc[1], OutOfMemoryError) and not isinstance(exc[1], LMSHostMemoryError)
@@ -184,66 +183,17 @@ class ActivationSwapper:
             # the net refused for the host limit: the same error as a planned swap's
             raise LMSHostMemoryError(str(exc[1])) from exc[1]
 
-    def _chunk_loss(self, x: torch.Tensor) -> bool:
-        """Whether ``F.cross_entropy`` over ``x`` runs in blocks (:mod:`.chunked_loss`):
-        only in a thread that swaps, for inputs of at least MIN_BYTES, and under
-        ``chunked_loss="auto"`` only where stock's loss could not fit: stock keeps a
-        log-softmax of the input's size, and its backward holds that, the incoming
-        gradient and its result at once while the input and the tensor it was upcast
-        from (half its size) are gone; so the allocation now and one and a half more
-        tensors of the input's size, less what this forward kept on the device that the
-        net can move, over what the caching allocator can have.  (With two, or without
-        counting what the net can move, an H100 chunked the loss of a checkpointed Llama
-        at the batch stock trains: its checkpoints' inputs, 13.5 GiB, were on the
-        device.)  Where even the chunked loss's backward could not hold its input and
-        that input's gradient at once (the allocation now plus half a tensor more), the
-        input is swapped whatever the plan says, and its gradient is written over the copy
-        that comes back (a Llama at twice stock's batch ran out of memory there)."""
-        mode = self.config.chunked_loss
-        if (mode is False or mode == 0 or not getattr(self._tls, "hooks", None)
-                or x.numel() * x.element_size() < MIN_BYTES):
-            return False
-        if x.device.type == "cuda" and self.config.policy != "never":
-            size = x.numel() * x.element_size()
-            with self._lock:
-                st = self._state(x)
-                now = self._allocated(st)
-                if self._guard() is not None:
-                    # what this forward kept on the device, the net moves if backward
-                    # needs the room
-                    now -= st.kept_movable
-                cap = self._forecast.cap(st)
-                if mode == "auto" and now + 3 * size // 2 <= cap:
-                    return False
-                if now + size // 2 > cap:
-                    # backward could not hold the input and its gradient side by side:
-                    # the input goes to host memory, comes back as a tensor nobody else
-                    # holds, and its gradient is written over it (see chunked_loss)
-                    self._tls.loss_input = weakref.ref(x)
-        elif mode == "auto":
-            return False
-        self.c["chunked_losses"] += 1
-        return True
-
-    def _is_loss_input(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` is the input of a chunked loss that must go to host memory
-        (_chunk_loss); forgets it once seen."""
-        ref = getattr(self._tls, "loss_input", None)
-        if ref is None or ref() is not t:
-            return False
-        self._tls.loss_input = None
-        return True
-
     # -- statistics ----------------------------------------------------------------
     def _reset_counters(self) -> None:
         self.c = collections.Counter()
-        for part in (self._pacer, self._forecast, self._prefetcher):  # each counts its own
+        # each part counts its own
+        for part in (self._pacer, self._forecast, self._prefetcher, self._loss):
             part.reset()
 
     def stats(self) -> Dict[str, Any]:
         with self._lock:
             counts = collections.Counter(self.c)
-            for part in (self._pacer, self._forecast, self._prefetcher):
+            for part in (self._pacer, self._forecast, self._prefetcher, self._loss):
                 counts.update(part.counts)
             return swap_stats(counts, self._pacer.throttle_s, self._dev,
                               self._forecast.prefetch_reserve, self._pool, self.config.guard)
@@ -459,8 +409,7 @@ class ActivationSwapper:
             return None, False, False
         if cfg.policy == "always":
             return "always", True, True
-        if self._is_loss_input(t):
-            self.c["loss_inputs_to_host"] += 1
+        if self._loss.takes_input(t):  # (counted in loss_inputs_to_host there)
             return "pressure", True, True
         why, wait = self._forecast.decide(st, nbytes, saved_before)
         return why, wait, True
