@@ -160,6 +160,67 @@ def test_a_stopped_parent_records_before_its_child_has_ended(tmp_path):
                 pass
 
 
+def test_a_zoo_run_stopped_mid_configuration_still_writes_its_record(tmp_path):
+    """The zoo bench writes one record per run, at its end.  An outer timeout that stops it
+    while a configuration runs must still leave that record: the configurations before, and
+    the one it cut with the steps it printed (an H100 run cut this way left none)."""
+    child = _stepping_child(tmp_path)  # stands in for every configuration
+    record, table = tmp_path / "zoo.jsonl", tmp_path / "zoo.md"
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
+        import bench_lms_swap as bench
+        bench.__dict__["__file__"] = {str(child)!r}  # run_child starts this file
+        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "--base-batch", "resnet50=4",
+                    "--modes", "lms", "--scales", "1.5", "--link-probe-gib", "0",
+                    "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
+                    "--table", {str(table)!r}]
+        sys.exit(bench.main())
+    """))
+    p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
+    time.sleep(4)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM, p.stderr.read().decode()
+    lines = record.read_text().splitlines()
+    assert len(lines) == 1, lines
+    (res,) = __import__("json").loads(lines[0])["results"]
+    assert res["model"] == "resnet50" and res["batch"] == 6 and res["mode"] == "lms", res
+    assert res["status"] == f"stopped with the benchmark (signal {int(signal.SIGTERM)})", res
+    assert res["steps_done"] >= 5, res
+    assert "resnet50" in table.read_text()
+
+
+def test_the_zoo_budget_bounds_the_whole_run(tmp_path):
+    """``--budget`` is the whole run's: the last configuration gets what is left of it, not
+    a minute past it (an H100 run given 495 s ran on past 505 s, into the outer timeout)."""
+    child = _stepping_child(tmp_path)  # never ends by itself: only the timeout ends it
+    record = tmp_path / "zoo.jsonl"
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
+        import bench_lms_swap as bench
+        bench.__dict__["__file__"] = {str(child)!r}
+        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "unet", "--base-batch",
+                    "resnet50=4", "--base-batch", "unet=4", "--modes", "lms", "--scales", "1.5",
+                    "--link-probe-gib", "0",
+                    "--timeout", "600", "--budget", "25",
+                    "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
+                    "--table", {str(tmp_path / "zoo.md")!r}]
+        sys.exit(bench.main())
+    """))
+    t0 = time.time()
+    p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
+    took = time.time() - t0
+    assert p.returncode == 0, p.stderr
+    assert took < 25 + 15, took  # the budget, and the interpreter's start and the record
+    (rec,) = [__import__("json").loads(x) for x in record.read_text().splitlines()]
+    first, second = rec["results"]
+    assert first["status"].startswith("timeout"), first
+    assert second["status"] == "not run (time budget)", second
+
+
 def _import(name):
     sys.path[:0] = [str(BENCH), str(BENCH.parent)]
     try:

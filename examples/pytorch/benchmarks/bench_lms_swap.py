@@ -287,14 +287,19 @@ def child(args):
 
 
 # ----------------------------------------------------------------------------- parent
-def run_child(argv, timeout, guard_bytes, log):
+def run_child(argv, timeout, guard_bytes, log, on_result=None):
+    """One child of this file; ``on_result`` as run_process has it (before a stop of
+    the bench ends it)."""
     env = dict(os.environ)
     if ALLOC_CONF:
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
-    res = run_process([sys.executable, __file__, "--child"] + argv, timeout, guard_bytes,
-                      log, env)
-    res.pop("results", None)  # one process: its RESULT is the row itself
-    return res
+
+    def got(res):
+        res.pop("results", None)  # one process: its RESULT is the row itself
+        if on_result is not None:
+            on_result(res)
+    return run_process([sys.executable, __file__, "--child"] + argv, timeout, guard_bytes,
+                       log, env, on_result=got)
 
 
 def search_max_batch(model, args, log, lo, hi):
@@ -430,63 +435,86 @@ def main():
         print(f"link (pinned copies, GB/s): {link or 'not measured: ' + str(r.get('status'))}",
               flush=True)
         log.write(f"link: {link or r}\n")
-    for model in args.models:
-        base = given.get(model) or (args.resnet_batch if model == "resnet50" else
-                                    args.gpt2_batch if model == "gpt2" else 0)
-        if not base:
-            lo, hi = zoo.SEARCH.get(model) or tuple(args.gpt2_search)
-            base = search_max_batch(model, args, log, lo, hi)
-            print(f"[{model}] largest stock batch: {base}", flush=True)
+    recorded = []
+
+    def cut_short(row, res):
+        # a configuration the bench's stop cut: it and those before it are recorded
+        # before the bench goes (before the child's end, which can take long)
+        if str(res.get("status", "")).startswith("stopped"):
+            row.update({k: v for k, v in res.items() if k not in row})
+            results.append(row)
+            write_results(args, out, cmd, link, results)
+            recorded.append(True)
+
+    try:
+        for model in args.models:
+            base = given.get(model) or (args.resnet_batch if model == "resnet50" else
+                                        args.gpt2_batch if model == "gpt2" else 0)
             if not base:
-                continue
-        stock_rate = None
-        dead = {}  # mode -> reason it failed at a smaller batch
-        for scale in args.scales:
-            batch = max(1, int(round(base * scale)))
-            for mode in args.modes:
-                if mode not in SWAPPING and scale not in args.baseline_scales:
+                lo, hi = zoo.SEARCH.get(model) or tuple(args.gpt2_search)
+                base = search_max_batch(model, args, log, lo, hi)
+                print(f"[{model}] largest stock batch: {base}", flush=True)
+                if not base:
                     continue
-                elapsed = time.perf_counter() - t_begin
-                row = {"model": model, "scale": scale, "batch": batch, "mode": mode}
-                if mode in dead:
-                    row.update(status=f"skipped ({dead[mode]} at a smaller batch)")
-                elif elapsed > args.budget:
-                    row.update(status="not run (time budget)")
-                else:
-                    argv = ["--model", model, "--mode", mode, "--batch", str(batch),
-                            "--warmup", str(args.warmup), "--steps", str(args.steps),
-                            "--min-seconds", str(args.min_seconds),
-                            "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
-                            "--loss-chunk", str(args.loss_chunk), "--optimizer", args.optimizer]
-                    if args.prefetch_depth is not None:
-                        argv += ["--prefetch-depth", str(args.prefetch_depth)]
-                    for opt in args.lms_option:
-                        argv += ["--lms-option", opt]
-                    cap = args.timeout
-                    if mode == "save_on_cpu" and args.save_on_cpu_timeout:
-                        cap = args.save_on_cpu_timeout
-                    timeout = min(cap, max(20.0, args.budget + 60 - elapsed))
-                    r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log)
-                    row.update({k: v for k, v in r.items() if k not in row})
-                    if row["status"] != "ok":
-                        dead[mode] = row["status"]
-                if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
-                    stock_rate = row["units_per_s"]
-                if mode in SWAPPING and row.get("status") == "ok":
-                    add_bounds(row, stock_rate, link)
-                results.append(row)
-                print(summary_line(row), flush=True)
-                with open(out / "results.json", "w") as f:
-                    json.dump({"command": cmd, "link": link, "results": results}, f, indent=1)
+            stock_rate = None
+            dead = {}  # mode -> reason it failed at a smaller batch
+            for scale in args.scales:
+                batch = max(1, int(round(base * scale)))
+                for mode in args.modes:
+                    if mode not in SWAPPING and scale not in args.baseline_scales:
+                        continue
+                    elapsed = time.perf_counter() - t_begin
+                    row = {"model": model, "scale": scale, "batch": batch, "mode": mode}
+                    if mode in dead:
+                        row.update(status=f"skipped ({dead[mode]} at a smaller batch)")
+                    elif args.budget - elapsed < 20:
+                        row.update(status="not run (time budget)")
+                    else:
+                        argv = ["--model", model, "--mode", mode, "--batch", str(batch),
+                                "--warmup", str(args.warmup), "--steps", str(args.steps),
+                                "--min-seconds", str(args.min_seconds),
+                                "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
+                                "--loss-chunk", str(args.loss_chunk), "--optimizer", args.optimizer]
+                        if args.prefetch_depth is not None:
+                            argv += ["--prefetch-depth", str(args.prefetch_depth)]
+                        for opt in args.lms_option:
+                            argv += ["--lms-option", opt]
+                        cap = args.timeout
+                        if mode == "save_on_cpu" and args.save_on_cpu_timeout:
+                            cap = args.save_on_cpu_timeout
+                        # the budget bounds the whole run, the last configuration included
+                        timeout = min(cap, args.budget - elapsed)
+                        r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log,
+                                      on_result=lambda res, row=row: cut_short(row, res))
+                        row.update({k: v for k, v in r.items() if k not in row})
+                        if row["status"] != "ok":
+                            dead[mode] = row["status"]
+                    if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
+                        stock_rate = row["units_per_s"]
+                    if mode in SWAPPING and row.get("status") == "ok":
+                        add_bounds(row, stock_rate, link)
+                    results.append(row)
+                    print(summary_line(row), flush=True)
+                    with open(out / "results.json", "w") as f:
+                        json.dump({"command": cmd, "link": link, "results": results}, f, indent=1)
+    except SystemExit:
+        if not recorded:  # stopped between two configurations, or in a batch search
+            write_results(args, out, cmd, link, results)
+        raise
+    write_results(args, out, cmd, link, results)
+    print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
+
+
+def write_results(args, out, cmd, link, results):
+    """This run's results.md, its record (with its per-step traces beside it) and the
+    table rewritten from every record."""
     write_markdown(out / "results.md", cmd, results, args, link)
-    import torch
     config = {k: v for k, v in vars(args).items()
               if k not in ("child", "search", "mode", "batch", "model", "probe_link", "out",
                            "record", "table", "table_only")}
     records.append_with_traces(args.record, {**records.header(), "command": cmd, "config": config,
                                              "link": link, "results": results})
     write_table(pathlib.Path(args.table), records.load(args.record))
-    print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
 
 
 def add_bounds(row, stock_rate, link):
