@@ -74,11 +74,10 @@ class LossChunking:
         input is swapped whatever the plan says, and its gradient is written over the copy
         that comes back (a Llama at twice stock's batch ran out of memory there)."""
         mode = self.config.chunked_loss
-        if (mode is False or mode == 0 or not getattr(self._tls, "hooks", None)
-                or x.numel() * x.element_size() < MIN_BYTES):
+        size = x.numel() * x.element_size()
+        if mode is False or mode == 0 or not getattr(self._tls, "hooks", None) or size < MIN_BYTES:
             return False
         if x.device.type == "cuda" and self.config.policy != "never":
-            size = x.numel() * x.element_size()
             with self._lock:
                 st = self._state_of(x)
                 now = self._allocated_of(st)

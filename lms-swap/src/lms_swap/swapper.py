@@ -80,6 +80,8 @@ class ActivationSwapper:
                                       lambda: self._pass_id)
         self._loss = LossChunking(self.config, self._tls, self._lock, self._state,
                                   self._allocated, self._guard, self._forecast.cap)
+        # the parts that keep counters of their own (stats sums them; a reset resets them)
+        self._parts = (self._pacer, self._forecast, self._prefetcher, self._loss)
         self._reset_counters()
 
     # -- configuration -------------------------------------------------------------
@@ -186,14 +188,13 @@ class ActivationSwapper:
     # -- statistics ----------------------------------------------------------------
     def _reset_counters(self) -> None:
         self.c = collections.Counter()
-        # each part counts its own
-        for part in (self._pacer, self._forecast, self._prefetcher, self._loss):
+        for part in self._parts:
             part.reset()
 
     def stats(self) -> Dict[str, Any]:
         with self._lock:
             counts = collections.Counter(self.c)
-            for part in (self._pacer, self._forecast, self._prefetcher, self._loss):
+            for part in self._parts:
                 counts.update(part.counts)
             return swap_stats(counts, self._pacer.throttle_s, self._dev,
                               self._forecast.prefetch_reserve, self._pool, self.config.guard)
