@@ -449,3 +449,29 @@ def test_a_loops_row_cut_by_the_timeout_says_how_far_it_ran(tmp_path):
     text = (tmp_path / "t.md").read_text()
     assert "timeout (286 s) after 28 of 30 iterations (the last took 7.5 s)" in text, text
     assert "policy.dev0" not in text
+
+
+def test_a_run_held_to_a_smaller_card_says_so(tmp_path, monkeypatch):
+    """--device-gib: a bad size is refused at the command line, the size reaches the
+    children through the environment, and the record and its table name the card with the
+    size it was held to (a run on an H200 held to the H100's size reads as such)."""
+    cap = _import("device_cap")
+    records = _import("records")
+    assert abs(cap.parse("h100") - 85_017_853_952 / (1 << 30)) < 1e-9
+    assert cap.parse("40") == 40.0
+    for bad in ("0", "-3", "nan", "inf", "eighty"):
+        with pytest.raises(Exception) as e:
+            cap.parse(bad)
+        assert bad in str(e.value)
+    p = subprocess.run([sys.executable, str(BENCH / "bench_loops.py"), "--device-gib", "0",
+                        "--table-only"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--device-gib" in p.stderr, p.stderr
+    monkeypatch.delenv(cap.ENV, raising=False)
+    assert cap.gib() is None and "device_gib" not in records.machine()
+    monkeypatch.setenv(cap.ENV, repr(cap.parse("h100")))
+    m = dict(records.machine(), gpu="NVIDIA H200, 580.159.04")
+    assert records.gpu_label(m) == "NVIDIA H200, 580.159.04, held to 79.2 GiB (an H100's size)"
+    assert records.gpu_label({"gpu": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
+    monkeypatch.setenv(cap.ENV, "zero")
+    with pytest.raises(SystemExit):
+        cap.gib()

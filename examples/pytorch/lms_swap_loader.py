@@ -25,6 +25,7 @@ import os
 import pathlib
 import sys
 from types import ModuleType
+from typing import Optional
 
 REPO_PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "lms-swap" / "src" / "lms_swap"
 MODULE_NAME = "lms_swap"
@@ -65,13 +66,14 @@ def load_lms_swap(prefer_patched: bool = True) -> ModuleType:
     return mod
 
 
-def load_lms_allocator() -> ModuleType:
+def load_lms_allocator(settings: Optional[str] = None) -> ModuleType:
     """``lms_swap.allocator`` of the package :func:`load_lms_swap` finds (never of
     ``torch.cuda.lms_swap``: a patched build has allocator LMS in its own allocator), installed
-    as PyTorch's CUDA allocator with LMS on.  Call it before anything is allocated on the GPU."""
+    as PyTorch's CUDA allocator with LMS on (``settings`` as ``lms_swap.allocator.enable``
+    takes them).  Call it before anything is allocated on the GPU."""
     load_lms_swap(prefer_patched=False)
     alloc = importlib.import_module(MODULE_NAME + ".allocator")
-    alloc.enable()
+    alloc.enable(settings)
     return alloc
 
 

@@ -49,6 +49,7 @@ sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))         # zoo
 
 import zoo  # noqa: E402  (the models: unmodified library code)
+import device_cap  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
@@ -158,7 +159,10 @@ def child(args):
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
         from lms_swap_loader import load_lms_allocator
-        alloc = load_lms_allocator()
+        alloc = load_lms_allocator(device_cap.pluggable_settings(torch))
+        cap = None
+    else:
+        cap = device_cap.apply(torch)
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
@@ -169,6 +173,8 @@ def child(args):
         if kw:
             lms.configure(**kw)
     result = {"model": args.model, "mode": args.mode, "batch": args.batch, "status": "ok"}
+    if cap:
+        result["device_cap"] = cap
 
     def ctx():
         if args.mode in ("stock", "pluggable"):
@@ -315,6 +321,7 @@ def search_max_batch(model, args, log, lo, hi):
 
 def child_search(args):
     import torch
+    device_cap.apply(torch)
     lo, hi = args.search
 
     def fits(b):
@@ -390,6 +397,9 @@ def main():
                     help="seconds for one model's batch search")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
+    ap.add_argument("--device-gib", type=device_cap.parse, default=None, metavar="GIB",
+                    help="hold every configuration to a card of this many GiB (on a larger "
+                         "card: 'h100' for the 80 GB H100 the base batches were measured on)")
     ap.add_argument("--link-probe-gib", type=float, default=2.0,
                     help="GiB per copy when measuring this host's pinned copy rates before "
                          "the configurations (0: not measured)")
@@ -401,6 +411,8 @@ def main():
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
+    if args.device_gib is not None:
+        os.environ[device_cap.ENV] = repr(args.device_gib)  # the children read it
     if args.table_only:
         write_table(pathlib.Path(args.table), records.load(args.record))
         return 0

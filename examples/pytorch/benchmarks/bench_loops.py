@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import pathlib
-import platform
 import re
 import subprocess
 import sys
@@ -46,6 +45,7 @@ sys.path.insert(0, str(HERE))
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
+import device_cap  # noqa: E402
 from allocator_memory import host_gib, readings  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
@@ -121,7 +121,11 @@ def child(args):
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
         from lms_swap_loader import load_lms_allocator
-        alloc = load_lms_allocator()
+        alloc = load_lms_allocator(device_cap.pluggable_settings(torch))
+    else:
+        cap = device_cap.apply(torch)
+        if cap:
+            result["device_cap"] = cap
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
@@ -191,7 +195,9 @@ def child(args):
 
 
 def child_fits(args):
+    import torch
     import loops
+    device_cap.apply(torch)
     print(f"FITS {int(loops.fits(args.loop, args.fits))}", flush=True)
 
 
@@ -271,18 +277,6 @@ def finished_before_cut(r, loop):
     return out
 
 
-def machine():
-    info = {"host": platform.node(), "python": platform.python_version()}
-    try:
-        import subprocess
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
-        info["gpu"] = q.stdout.strip()
-    except Exception:  # noqa: BLE001
-        pass
-    return info
-
-
 def write_table(path, records):
     """The table of every record, one section per commit, the newest first."""
     head = [
@@ -338,7 +332,7 @@ def write_table(path, records):
         ]
 
     def note(rows):
-        return (f"{rows[0]['machine'].get('gpu', '?')}, torch {rows[0].get('torch')}. "
+        return (f"{records_.gpu_label(rows[0]['machine'])}, torch {rows[0].get('torch')}. "
                 "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in rows)))
 
     records_.write_by_commit(path, records, head, columns, lambda rows: [row(r) for r in rows], note)
@@ -368,11 +362,16 @@ def main():
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
+    ap.add_argument("--device-gib", type=device_cap.parse, default=None, metavar="GIB",
+                    help="hold every configuration to a card of this many GiB (on a larger "
+                         "card: 'h100' for the 80 GB H100 the base batches were measured on)")
     ap.add_argument("--record", default=str(RECORD), help="JSON Lines file to append to")
     ap.add_argument("--table", default=str(TABLE), help="markdown table to rewrite")
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
+    if args.device_gib is not None:
+        os.environ[device_cap.ENV] = repr(args.device_gib)  # the children read it
     if args.child:
         if args.fits:
             return child_fits(args)
@@ -391,7 +390,7 @@ def main():
     log = open(record.parent / "bench_loops.log", "a")
     cmd = "python " + " ".join([os.path.basename(__file__)] + sys.argv[1:])
     commit = os.environ.get("LMS_COMMIT", "unknown")
-    mach = machine()
+    mach = records_.machine()
     import torch
     given = {k: int(v) for k, _, v in (b.partition("=") for b in args.base_batch)}
     guard = int(args.host_guard_gib * GiB)

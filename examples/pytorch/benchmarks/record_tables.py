@@ -42,7 +42,7 @@ def command_of(r: dict):
 def note(group: list) -> str:
     """A section's first line: machine, torch, its runs, the commands that produced them
     (from the records; where a record has none, its folder's notes in runs.jsonl do)."""
-    gpu = (group[0].get("machine") or {}).get("gpu") or "?"
+    gpu = records.gpu_label(group[0].get("machine"))
     torch = group[0].get("torch")
     runs = ", ".join(dict.fromkeys(f"{r.get('run')} (`{r.get('source')}`)" for r in group))
     cmds = list(dict.fromkeys(c for c in map(command_of, group) if c))

@@ -16,6 +16,8 @@ import pathlib
 import platform
 import subprocess
 
+import device_cap
+
 HERE = pathlib.Path(__file__).resolve().parent
 RECORDS = HERE / "records"
 
@@ -42,7 +44,20 @@ def machine() -> dict:
         info["gpu"] = "; ".join(dict.fromkeys(q.stdout.strip().splitlines())) or None
     except Exception:  # noqa: BLE001
         pass
+    if device_cap.gib() is not None:
+        info["device_gib"] = round(device_cap.gib(), 2)
     return info
+
+
+def gpu_label(machine: dict) -> str:
+    """A record's card for a table: its name, and the size its run was held to where the
+    run was capped (device_cap)."""
+    gpu = (machine or {}).get("gpu") or "?"
+    if (machine or {}).get("device_gib"):
+        gpu += f", held to {machine['device_gib']:.1f} GiB (an H100's size)" \
+            if abs(machine["device_gib"] - device_cap.H100_GIB) < 0.05 else \
+            f", held to {machine['device_gib']:.1f} GiB"
+    return gpu
 
 
 def today() -> str:

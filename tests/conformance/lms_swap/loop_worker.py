@@ -18,13 +18,14 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "examples" / "pytorch" / "benchmarks"))  # loops
 from swap_package import import_lms_swap  # noqa: E402  (the checkout's package, or the installed one)
 lms_swap = import_lms_swap()
+import device_cap  # noqa: E402
 import loops  # noqa: E402
 
 
 def main():
     name, batch, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     lms = lms_swap
-    out = {"status": "ok", "done": 0}
+    out = {"status": "ok", "done": 0, "device_cap": device_cap.apply(torch)}
     try:
         loop = loops.build(name, batch)
         out["net"], out["kind"] = [], []  # the eviction net's interventions, per iteration

@@ -3,8 +3,9 @@ unmodified library models and lms_swap's defaults.
 
     python -m pytest -m gpu tests/conformance/lms_swap/test_lms_swap_loops_gpu.py -v
 
-The batches are those measured on an 80 GB H100 (stock's largest for each loop), scaled to
-this device's memory.
+The batches are those measured on an 80 GB H100 (stock's largest for each loop).  A smaller
+card scales them down; a larger one holds each worker to the H100's size
+(examples/pytorch/benchmarks/device_cap.py), since the host need not grow with the card.
 """
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def _run(loop, h100_batch, iters):
     user of LMS runs: the counters it printed."""
     pytest.importorskip("transformers")
     total = torch.cuda.get_device_properties(0).total_memory
-    batch = max(1, int(h100_batch * total / H100_BYTES))
+    batch = max(1, int(h100_batch * min(total, H100_BYTES) / H100_BYTES))
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    if total > H100_BYTES:
+        env["LMS_BENCH_DEVICE_GIB"] = repr(H100_BYTES / (1 << 30))
     p = subprocess.run([sys.executable, str(HERE / "loop_worker.py"), loop, str(batch),
                         str(iters)], capture_output=True, text=True, env=env, timeout=600)
     lines = [x for x in p.stdout.splitlines() if x.startswith("LOOP ")]
