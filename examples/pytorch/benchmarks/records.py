@@ -84,7 +84,7 @@ def load(path) -> list:
 
 def title(r: dict) -> str:
     """A record's heading: run, date, commit, machine, where it came from."""
-    gpu = (r.get("machine") or {}).get("gpu") or "?"
+    gpu = gpu_label(r.get("machine"))
     bits = [f"run {r['run']}" if r.get("run") else "run (no id)", r.get("date") or "date unknown",
             f"commit {r.get('commit') or 'unknown'}", gpu]
     if r.get("torch"):
