@@ -161,6 +161,11 @@ def allocator_rows(group: list) -> list:
                 continue
             rows.append([cell(run), cell(name), cell(_outcome(t)), _errors(t),
                          cell(_figures(name, t)), _num(t.get("wall_s"), "{:.1f}")])
+        py = r.get("pytest")
+        if isinstance(py, dict) and py.get("line"):  # the whole suite's verdict, where kept
+            why = f"deselected: {', '.join(py.get('deselected') or [])} ({py['deselected_why']})" \
+                if py.get("deselected_why") else "-"
+            rows.append([cell(run), "pytest", cell(py["line"]), "-", cell(why), "-"])
     return rows
 
 
