@@ -1,6 +1,8 @@
 // Drives lms_pluggable::FreeBlocks (the pluggable LMS allocator's free lists)
+// and the walks over expandable segments' blocks (lms_pluggable_expandable.h)
 // on hand-made blocks, with no GPU: each check prints "ok <name>" or
 // "FAIL <name>: <why>" (tests/test_lms_pluggable_allocator.py reads them).
+#include "lms_pluggable_expandable.h"
 #include "lms_pluggable_free_blocks.h"
 
 #include <cstdio>
@@ -32,13 +34,52 @@ Block* segment(Segment& seg, uintptr_t base, size_t size, bool small, cudaStream
   return b;
 }
 
-// blocks of the segment, in address order, as "size[a|f]" ...
+// blocks of the segment, in address order, as "size[a|f|u|p]" ... (KiB;
+// allocated, free, unmapped, free but waiting for events)
 std::string layout(const Segment& seg) {
   std::string out;
   for (const Block* b = seg.first; b; b = b->next) {
-    out += std::to_string(b->size >> 10) + (b->allocated ? "a " : "f ");
+    out += std::to_string(b->size >> 10) +
+        (b->allocated ? "a " : !b->mapped ? "u " : b->events ? "p " : "f ");
   }
   return out;
+}
+
+// An expandable segment of 2 MiB pages at a fake address, its blocks as
+// `spec` says ("4a 2f 2a 1f 23u", MiB), the free ones listed in fb.
+Block* expandable(Segment& seg, FreeBlocks& fb, const std::string& spec, cudaStream_t s) {
+  const size_t MiB = size_t(1) << 20;
+  seg.base = 0x100000000ULL;
+  seg.page = 2 * MiB;
+  seg.expandable = true;
+  Block* prev = nullptr;
+  size_t at = 0;
+  for (size_t i = 0; i < spec.size();) {
+    size_t j = spec.find(' ', i);
+    j = j == std::string::npos ? spec.size() : j;
+    const std::string item = spec.substr(i, j - i);
+    auto* b = new Block();
+    b->size = std::stoul(item) * MiB;
+    b->ptr = reinterpret_cast<char*>(seg.base + at);
+    b->stream = s;
+    b->seg = &seg;
+    const char kind = item.back();
+    b->allocated = kind == 'a';
+    b->mapped = kind != 'u';
+    b->events = kind == 'p' ? 1 : 0;
+    b->prev = prev;
+    (prev ? prev->next : seg.first) = b;
+    prev = b;
+    at += b->size;
+    i = j + 1;
+  }
+  seg.size = at;
+  for (Block* b = seg.first; b; b = b->next) {
+    if (!b->allocated && b->mapped && !b->events) {
+      fb.add(b);
+    }
+  }
+  return seg.first;
 }
 
 } // namespace
@@ -108,7 +149,7 @@ int main() {
     rest->events = 1;  // pretend another stream still uses it
     x->allocated = false;
     fb.add(x);
-    check("pending_not_merged", layout(a) == "2048f 2048f ", layout(a));
+    check("pending_not_merged", layout(a) == "2048f 2048p ", layout(a));
     check("pending_not_listed", fb.bytes() == 2 * MiB, std::to_string(fb.bytes()));
     fb.remove(x);
     check("removed", fb.bytes() == 0 && fb.take(MiB, s1, false) == nullptr);
@@ -122,6 +163,75 @@ int main() {
     check("page_least_waste", segment_page(100 * MiB, L) == 8 * MiB, std::to_string(segment_page(100 * MiB, L) >> 20));
     check("page_large_enough", segment_page(2000 * MiB, L) == L, std::to_string(segment_page(2000 * MiB, L) >> 20));
     check("page_upstream_20", segment_page(30 * MiB, 20 * MiB) == 10 * MiB, std::to_string(segment_page(30 * MiB, 20 * MiB) >> 20));
+  }
+  {  // growth: a new segment maps what the request needs, in whole pages
+    FreeBlocks fb;
+    Segment seg;
+    Block* u = expandable(seg, fb, "32u", s1);
+    Growth g = plan_growth(seg, 3 * MiB);
+    check("grow_new", g.start == u && g.map_bytes == 4 * MiB, std::to_string(g.map_bytes >> 20));
+    split_unmapped(u, 4 * MiB);
+    u->mapped = true;
+    fb.cut(merge_run(u, u), 3 * MiB);
+    u->allocated = true;
+    check("grow_new_layout", layout(seg) == "3072a 1024f 28672u ", layout(seg));
+  }
+  {  // of the runs that hold a request, the one that maps least; a free block
+     // still waiting for events ends a run
+    FreeBlocks fb;
+    Segment seg;
+    expandable(seg, fb, "4a 2f 2a 1f 23u", s1);
+    Growth g = plan_growth(seg, 3 * MiB);
+    check("grow_least_map", g.start && g.start->size == MiB && g.map_bytes == 2 * MiB,
+          std::to_string(g.map_bytes >> 20));
+    Segment seg2;
+    FreeBlocks fb2;
+    expandable(seg2, fb2, "4u 2a 1f 1p 6u", s1);
+    Growth h = plan_growth(seg2, 5 * MiB);  // not 1f+1p+6u (4 MiB to map): the last block
+    check("grow_pending_ends_run", h.start && h.start->size == 6 * MiB && !h.start->next &&
+          h.map_bytes == 6 * MiB, std::to_string(h.map_bytes >> 20));
+    check("grow_none", plan_growth(seg2, 7 * MiB).start == nullptr);
+    check("grow_all_mapped_run", plan_growth(seg, 2 * MiB).map_bytes == 0);
+  }
+  {  // a run of free and newly mapped blocks merges into one; a free block
+     // does not merge with an unmapped neighbour
+    FreeBlocks fb;
+    Segment seg;
+    Block* a = expandable(seg, fb, "2a 1f 4u 2u", s1);
+    Block* f = a->next;
+    Block* u = f->next;
+    fb.remove(f);
+    u->mapped = true;
+    Block* run = merge_run(f, u);
+    check("merge_run", run == f && layout(seg) == "2048a 5120f 2048u ", layout(seg));
+    fb.add(run);
+    check("free_not_merged_with_unmapped", layout(seg) == "2048a 5120f 2048u " &&
+          fb.bytes() == 5 * MiB, layout(seg));
+  }
+  {  // releasing: the whole pages of a free block become unmapped, merged with
+     // unmapped neighbours; its bytes before and after stay free and mapped
+    FreeBlocks fb;
+    Segment seg;
+    Block* a = expandable(seg, fb, "1a 8f 1a 4u", s1);
+    Block* f = a->next;
+    PageSpan span = whole_pages(seg, *f);
+    check("whole_pages", span.first == 1 && span.count == 3,  // [2, 8) MiB of [1, 9)
+          std::to_string(span.first) + "+" + std::to_string(span.count));
+    fb.remove(f);
+    Rest rest = carve_unmapped(f, span);
+    check("carve_layout", layout(seg) == "1024a 1024f 6144u 1024f 1024a 4096u ", layout(seg));
+    check("carve_rest", rest.head == f && f->size == MiB && rest.tail && rest.tail->size == MiB);
+    Segment seg2;
+    FreeBlocks fb2;
+    Block* g = expandable(seg2, fb2, "2u 4f 2u", s1);
+    Block* mid = g->next;
+    fb2.remove(mid);
+    Rest r2 = carve_unmapped(mid, whole_pages(seg2, *mid));
+    check("carve_merges_unmapped", layout(seg2) == "8192u " && !r2.head && !r2.tail, layout(seg2));
+    Segment seg3;
+    FreeBlocks fb3;
+    Block* h = expandable(seg3, fb3, "1a 2f 1a", s1);
+    check("no_whole_page", whole_pages(seg3, *h->next).count == 0);
   }
   return failures ? 1 : 0;
 }

@@ -43,7 +43,7 @@ void FreeBlocks::add(Block* b) {
   Pool& fl = pool(b->seg->small);
   // (the neighbours are read first: merging with prev replaces b)
   for (Block* n : {b->prev, b->next}) {
-    if (!n || n->allocated || n->events > 0) {
+    if (!n || n->allocated || n->events > 0 || !n->mapped) {
       continue;
     }
     fl.erase(n);

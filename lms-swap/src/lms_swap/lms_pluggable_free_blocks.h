@@ -33,7 +33,8 @@ class FreeBlocks {
   // block when it is worth keeping apart.
   void cut(Block* b, size_t size);
 
-  // A block no stream uses any more: merged with its free neighbours, listed.
+  // A mapped block no stream uses any more: merged with its free mapped
+  // neighbours, listed.
   void add(Block* b);
 
   // Takes a free block off its list (its segment is being released).

@@ -78,6 +78,7 @@ Block* Segments::make(
     undo(n);
     C10_CUDA_DRIVER_CHECK(static_cast<CUresult>(access));
   }
+  seg->mapped.assign(n, true);
   seg->on_host.assign(n, false);
   auto* b = new Block();
   b->ptr = reinterpret_cast<char*>(seg->base);
@@ -91,9 +92,81 @@ Block* Segments::make(
   return b;
 }
 
-void Segments::release(Segment* s) {
+Block* Segments::reserve(size_t size, size_t page, cudaStream_t stream) {
+  auto seg = std::make_unique<Segment>();
+  seg->page = page;
+  seg->size = size;
+  seg->expandable = true;
+  C10_CUDA_DRIVER_CHECK(
+      DriverAPI::get()->cuMemAddressReserve_(&seg->base, size, page, 0, 0));
+  const size_t n = size / page;
+  seg->handles.assign(n, 0);
+  seg->mapped.assign(n, false);
+  seg->on_host.assign(n, false);
+  auto* b = new Block();
+  b->ptr = reinterpret_cast<char*>(seg->base);
+  b->size = size;
+  b->stream = stream;
+  b->seg = seg.get();
+  b->mapped = false;
+  seg->first = b;
+  segments_.push_back(std::move(seg));
+  return b;
+}
+
+bool Segments::map_pages(Segment* s, size_t first, size_t count) {
   auto* api = DriverAPI::get();
-  for (size_t i = 0; i < s->handles.size(); ++i) {
+  const size_t page = s->page;
+  size_t done = 0; // pages [first, first + done) are mapped
+  auto undo = [&]() {
+    for (size_t i = first; i < first + done; ++i) {
+      (void)api->cuMemUnmap_(s->base + i * page, page);
+      (void)api->cuMemRelease_(s->handles[i]);
+      s->handles[i] = 0;
+      s->mapped[i] = false;
+    }
+  };
+  for (; done < count; ++done) {
+    const size_t i = first + done;
+    CUmemGenericAllocationHandle h = 0;
+    bool made = false;
+    try {
+      made = new_device_handle(page, &h);
+    } catch (...) {
+      undo();
+      throw;
+    }
+    if (!made) {
+      undo();
+      return false;
+    }
+    CUresult st = api->cuMemMap_(s->base + i * page, page, 0, h, 0ULL);
+    if (st != CUDA_SUCCESS) {
+      (void)api->cuMemRelease_(h);
+      undo();
+      C10_CUDA_DRIVER_CHECK(st);
+    }
+    s->handles[i] = h;
+    s->mapped[i] = true;
+    s->on_host[i] = false;
+  }
+  const int access =
+      lms::set_device_access(s->base + first * page, count * page, device_);
+  if (access != 0) {
+    undo();
+    C10_CUDA_DRIVER_CHECK(static_cast<CUresult>(access));
+  }
+  mapped_ += count * page;
+  note_device_bytes();
+  return true;
+}
+
+void Segments::unmap_pages(Segment* s, size_t first, size_t count) {
+  auto* api = DriverAPI::get();
+  for (size_t i = first; i < first + count; ++i) {
+    if (!s->mapped[i]) {
+      continue;
+    }
     C10_CUDA_DRIVER_CHECK(api->cuMemUnmap_(s->base + i * s->page, s->page));
     if (s->on_host[i]) {
       on_host_ -= s->page;
@@ -103,9 +176,17 @@ void Segments::release(Segment* s) {
     } else {
       C10_CUDA_DRIVER_CHECK(api->cuMemRelease_(s->handles[i]));
     }
+    s->handles[i] = 0;
+    s->mapped[i] = false;
+    s->on_host[i] = false;
+    mapped_ -= s->page;
   }
-  C10_CUDA_DRIVER_CHECK(api->cuMemAddressFree_(s->base, s->size));
-  mapped_ -= s->size;
+}
+
+void Segments::release(Segment* s) {
+  unmap_pages(s, 0, s->handles.size());
+  C10_CUDA_DRIVER_CHECK(
+      DriverAPI::get()->cuMemAddressFree_(s->base, s->size));
   delete s->first;
   segments_.erase(std::find_if(
       segments_.begin(), segments_.end(), [s](const auto& p) {

@@ -2,11 +2,15 @@
 // The pluggable LMS allocator's memory: segments of CUDA driver (VMM) pages
 // and the blocks carved from them (lms_pluggable_segments.cpp).
 //
-// A segment is a reserved virtual range whose pages are driver handles,
-// mapped when the segment is made. LMS may replace a page's handle by a
-// host-backed one holding the same bytes (and back), always at the same
-// address, so a pointer handed out stays valid wherever its bytes live.
-// Blocks of one segment form a list by address (prev/next) and cover it.
+// A segment is a reserved virtual range whose pages are driver handles. A
+// fixed segment maps all its pages when it is made; an expandable one
+// (PyTorch's expandable_segments) reserves a wide range and maps pages as
+// requests grow into it, unmapping free ones when memory is released. LMS may
+// replace a page's handle by a host-backed one holding the same bytes (and
+// back), always at the same address, so a pointer handed out stays valid
+// wherever its bytes live. Blocks of one segment form a list by address
+// (prev/next) and cover it; in an expandable segment an unmapped block
+// covers whole pages with nothing mapped under them.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -60,6 +64,7 @@ struct Block {
   uint64_t tick = 0; // allocation clock when last handed out
   std::vector<cudaStream_t> uses; // other streams (record_stream)
   int events = 0; // events still to complete before it is free
+  bool mapped = true; // false: pages of an expandable segment not mapped
 };
 
 struct Segment {
@@ -67,7 +72,9 @@ struct Segment {
   size_t size = 0;
   size_t page = 0;
   bool small = false; // of the small pool
+  bool expandable = false; // maps and unmaps pages as it grows and shrinks
   std::vector<CUmemGenericAllocationHandle> handles; // one per page
+  std::vector<bool> mapped; // whether a handle is mapped at the page
   std::vector<bool> on_host;
   Block* first = nullptr;
 
@@ -93,6 +100,20 @@ class Segments {
   // of it), covered by one free block of `stream`. nullptr when the device
   // has no memory for it (nothing is left behind); other driver errors throw.
   Block* make(size_t size, size_t page, bool small, cudaStream_t stream);
+
+  // An expandable segment of `size` bytes of address space in pages of
+  // `page` bytes, nothing mapped, covered by one unmapped block of `stream`.
+  Block* reserve(size_t size, size_t page, cudaStream_t stream);
+
+  // Maps new device pages at pages [first, first + count) of expandable s
+  // (none of them mapped); false when the device has no memory for them
+  // (none is left mapped); other driver errors throw.
+  bool map_pages(Segment* s, size_t first, size_t count);
+
+  // Unmaps pages [first, first + count) of expandable s, which no allocated
+  // block and no stream uses any more: device pages to the driver, host
+  // pages to LMS's host pool.
+  void unmap_pages(Segment* s, size_t first, size_t count);
 
   // Gives back a segment whose one block is free and no longer used by any
   // stream: device pages to the driver, host pages to LMS's host pool. The
