@@ -40,7 +40,7 @@ def test_free_blocks_fit_cut_and_merge_per_stream(tmp_path):
                     *[f"-I{d}" for d in includes],
                     str(ROOT / "tests" / "lms_pluggable" / "free_blocks_driver.cpp"),
                     str(PKG / "lms_pluggable_free_blocks.cpp"),
-                    str(PKG / "lms_pluggable_expandable.cpp"), "-o", str(exe)],
+                    str(PKG / "lms_pluggable_block_walks.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     p = subprocess.run([str(exe)], capture_output=True, text=True)
     lines = p.stdout.splitlines()
@@ -72,10 +72,10 @@ def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
              *[f"-I{d}" for d in includes + cpp_extension.include_paths()],
              f"-I{sysconfig.get_paths()['include']}", f"-I{stub}"]
     units = allocator.sources(tree)
-    assert [pathlib.Path(u).name for u in units[:5]] == [
-        "lms_pluggable_allocator.cpp", "lms_pluggable_expandable.cpp",
-        "lms_pluggable_free_blocks.cpp", "lms_pluggable_module.cpp",
-        "lms_pluggable_segments.cpp"]
+    assert [pathlib.Path(u).name for u in units[:6]] == [
+        "lms_pluggable_allocator.cpp", "lms_pluggable_block_walks.cpp",
+        "lms_pluggable_expandable.cpp", "lms_pluggable_free_blocks.cpp",
+        "lms_pluggable_module.cpp", "lms_pluggable_segments.cpp"]
     for unit in units:
         p = subprocess.run([CXX, *flags, unit], capture_output=True, text=True)
         errors = [x for x in p.stderr.splitlines() if "error" in x or

@@ -1,8 +1,8 @@
 // Drives lms_pluggable::FreeBlocks (the pluggable LMS allocator's free lists)
-// and the walks over expandable segments' blocks (lms_pluggable_expandable.h)
+// and the walks over expandable segments' blocks (lms_pluggable_block_walks.h)
 // on hand-made blocks, with no GPU: each check prints "ok <name>" or
 // "FAIL <name>: <why>" (tests/test_lms_pluggable_allocator.py reads them).
-#include "lms_pluggable_expandable.h"
+#include "lms_pluggable_block_walks.h"
 #include "lms_pluggable_free_blocks.h"
 
 #include <cstdio>

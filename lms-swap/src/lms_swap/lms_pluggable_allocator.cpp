@@ -16,8 +16,8 @@
 //   Segments    VMM segments whose pages LMS moves (lms_pluggable_segments.h):
 //               fixed, one per large request as upstream's default, or one
 //               expandable per stream, as with PyTorch's expandable_segments
-//               setting, which this allocator follows (growth and release:
-//               lms_pluggable_expandable.h)
+//               setting, which this allocator follows
+//               (ExpandableSegments, lms_pluggable_expandable.h)
 //   FreeBlocks  best fit per stream, split and merged (lms_pluggable_free_blocks.h)
 //   pending     blocks freed while other streams used them, until their events
 //   DeviceLms   the core, which calls back through the hooks below
@@ -36,8 +36,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <sstream>
@@ -71,36 +69,6 @@ std::string format_bytes(size_t n) {
 
 size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
-}
-
-// PyTorch's expandable_segments setting, read as PyTorch reads it: from
-// PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF ("key:value,...").
-bool expandable_segments_setting() {
-  for (const char* var : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"}) {
-    const char* v = std::getenv(var);
-    if (!v) {
-      continue;
-    }
-    std::string conf(v);
-    for (char& c : conf) {
-      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    }
-    conf.erase(
-        std::remove_if(conf.begin(), conf.end(),
-                       [](unsigned char c) { return std::isspace(c); }),
-        conf.end());
-    size_t at = 0;
-    while (at <= conf.size()) {
-      const size_t end = std::min(conf.find(',', at), conf.size());
-      const std::string item = conf.substr(at, end - at);
-      if (item.rfind("expandable_segments:", 0) == 0) {
-        return item.substr(20) == "true";
-      }
-      at = end + 1;
-    }
-    return false;
-  }
-  return false;
 }
 
 class DeviceAllocator final : public lms::impl::AllocatorHooks {
@@ -195,7 +163,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     RequestScope scope(*this, nullptr);
-    release_free_segments();
+    release_free_pages();
     lms_.empty_cache();
   }
 
@@ -273,7 +241,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   void release_free_pages() override {
     release_free_segments();
     if (expandable_) {
-      unmap_free_pages();
+      collect_events(/*wait=*/true);
+      growth_.unmap_free_pages();
     }
   }
   void release_free_segments() override {
@@ -448,117 +417,16 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     if (!expandable_ || r.small) {
       return segment_shape(r).second;
     }
-    size_t least = round_up(r.size, new_large_page(device_));
-    for (const auto& s : segments_.all()) {
-      if (s->expandable && s->first->stream == r.stream) {
-        const Growth g = plan_growth(*s, r.size);
-        if (g.start && g.map_bytes < least) {
-          least = g.map_bytes;
-        }
-      }
-    }
-    return least;
-  }
-
-  // Serves r in its stream's expandable segments, mapping what the run that
-  // maps least lacks (in a new segment where none holds it). False when the
-  // device has no memory for those pages: the pages mapped on the way stay,
-  // as cached free memory.
-  bool grow(Request& r) {
-    Segment* seg = nullptr;
-    Growth best;
-    for (const auto& s : segments_.all()) {
-      if (s->expandable && s->first->stream == r.stream) {
-        const Growth g = plan_growth(*s, r.size);
-        if (g.start && (!best.start || g.map_bytes < best.map_bytes)) {
-          best = g;
-          seg = s.get();
-        }
-      }
-    }
-    if (!best.start) {
-      const size_t page = new_large_page(device_);
-      size_t free_b = 0;
-      size_t total_b = 0;
-      C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      // address space for the device twice over (pages LMS moved to host
-      // memory keep their addresses); a request past it gets a segment more
-      best.start = segments_.reserve(
-          round_up(std::max(r.size, 2 * total_b), page), page, r.stream);
-      seg = best.start->seg;
-    }
-    size_t covered = 0;
-    Block* last = nullptr;
-    bool ok = true;
-    for (Block* b = best.start; covered < r.size; b = b->next) {
-      if (b->mapped) {
-        free_.remove(b);
-      } else {
-        const size_t need = std::min(b->size, round_up(r.size - covered, seg->page));
-        if (!segments_.map_pages(seg, seg->page_index(b->ptr), need / seg->page)) {
-          ok = false;
-          break;
-        }
-        if (need < b->size) {
-          split_unmapped(b, need);
-        }
-        b->mapped = true;
-      }
-      covered += b->size;
-      last = b;
-    }
-    if (!last) {
-      return false;
-    }
-    Block* run = merge_run(best.start, last);
-    if (!ok) {
-      free_.add(run);
-      return false;
-    }
-    free_.cut(run, r.size);
-    r.got = run;
-    return true;
-  }
-
-  // The whole pages of every free block of the expandable segments, unmapped
-  // (device pages to the driver, host pages to the host pool).
-  void unmap_free_pages() {
-    collect_events(/*wait=*/true);
-    std::vector<std::pair<Block*, PageSpan>> spans;
-    for (const auto& s : segments_.all()) {
-      if (!s->expandable) {
-        continue;
-      }
-      for (Block* b = s->first; b; b = b->next) {
-        if (b->mapped && !b->allocated && b->events == 0) {
-          const PageSpan span = whole_pages(*s, *b);
-          if (span.count) {
-            spans.emplace_back(b, span);
-          }
-        }
-      }
-    }
-    if (spans.empty()) {
-      return;
-    }
-    // the blocks' last users may still run: nothing is unmapped under them
-    C10_CUDA_CHECK(cudaDeviceSynchronize());
-    for (auto& [b, span] : spans) {
-      Segment* s = b->seg;
-      free_.remove(b);
-      segments_.unmap_pages(s, span.first, span.count);
-      const Rest rest = carve_unmapped(b, span);
-      for (Block* m : {rest.head, rest.tail}) {
-        if (m) {
-          free_.add(m);
-        }
-      }
-    }
+    return growth_.new_bytes(r.size, r.stream, new_large_page(device_));
   }
 
   bool new_segment(Request& r) {
     if (expandable_ && !r.small) {
-      return grow(r);
+      size_t free_b = 0;
+      size_t total_b = 0;
+      C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      r.got = growth_.grow(r.size, r.stream, new_large_page(device_), total_b);
+      return r.got != nullptr;
     }
     const auto [page, size] = segment_shape(r);
     Block* b = segments_.make(size, page, r.small, r.stream);
@@ -626,6 +494,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   const bool expandable_; // large requests grow expandable segments
   Segments segments_;
   FreeBlocks free_;
+  ExpandableSegments growth_{segments_, free_};
   std::unordered_map<void*, Block*> live_;
   std::deque<std::pair<cudaEvent_t, Block*>> pending_;
   std::vector<cudaEvent_t> idle_events_; // never destroyed (used at exit)

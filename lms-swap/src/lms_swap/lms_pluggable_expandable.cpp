@@ -2,128 +2,156 @@
 // lms_pluggable_expandable.h.
 #include "lms_pluggable_expandable.h"
 
+#include "lms_pluggable_block_walks.h"
+
+#include <c10/cuda/CUDAException.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace lms_pluggable {
 
 namespace {
 
-bool growable(const Block* b) {
-  return !b->allocated && b->events == 0;
-}
-
-// A new block after b in its segment, of b's stream, covering [ptr, ptr + size).
-Block* insert_after(Block* b, char* ptr, size_t size, bool mapped) {
-  auto* n = new Block();
-  n->ptr = ptr;
-  n->size = size;
-  n->stream = b->stream;
-  n->seg = b->seg;
-  n->mapped = mapped;
-  n->prev = b;
-  n->next = b->next;
-  if (b->next) {
-    b->next->prev = n;
-  }
-  b->next = n;
-  return n;
-}
-
-// Folds b->next into b and deletes it.
-void absorb_next(Block* b) {
-  Block* n = b->next;
-  b->size += n->size;
-  b->next = n->next;
-  if (n->next) {
-    n->next->prev = b;
-  }
-  delete n;
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
 }
 
 } // namespace
 
-Growth plan_growth(const Segment& s, size_t size) {
-  Growth best;
-  for (Block* start = s.first; start;) {
-    if (!growable(start)) {
-      start = start->next;
+bool expandable_segments_setting() {
+  for (const char* var : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"}) {
+    const char* v = std::getenv(var);
+    if (!v) {
       continue;
     }
-    // the run from start: what `size` bytes from it would map
-    size_t covered = 0;
-    size_t map = 0;
-    Block* b = start;
-    for (; b && growable(b) && covered < size; b = b->next) {
-      if (!b->mapped) {
-        const size_t want = size - covered;
-        map += want >= b->size ? b->size : (want + s.page - 1) / s.page * s.page;
+    std::string conf;
+    for (const char* c = v; *c; ++c) {
+      if (!std::isspace(static_cast<unsigned char>(*c))) {
+        conf += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
       }
-      covered += b->size;
     }
-    if (covered >= size && (!best.start || map < best.map_bytes)) {
-      best.start = start;
-      best.map_bytes = map;
+    size_t at = 0;
+    while (at <= conf.size()) {
+      const size_t end = std::min(conf.find(',', at), conf.size());
+      const std::string item = conf.substr(at, end - at);
+      if (item.rfind("expandable_segments:", 0) == 0) {
+        return item.substr(20) == "true";
+      }
+      at = end + 1;
     }
-    // the next run begins past this one
-    while (b && growable(b)) {
-      b = b->next;
-    }
-    start = b;
+    return false;
   }
-  return best;
+  return false;
 }
 
-void split_unmapped(Block* b, size_t keep) {
-  insert_after(b, b->ptr + keep, b->size - keep, /*mapped=*/false);
-  b->size = keep;
-}
-
-Block* merge_run(Block* first, Block* last) {
-  while (first != last) {
-    const bool end = first->next == last;
-    absorb_next(first);
-    if (end) {
-      break;
+size_t ExpandableSegments::new_bytes(
+    size_t size,
+    cudaStream_t stream,
+    size_t page) const {
+  size_t least = round_up(size, page);
+  for (const auto& s : segments_.all()) {
+    if (s->expandable && s->first->stream == stream) {
+      const Growth g = plan_growth(*s, size);
+      if (g.start && g.map_bytes < least) {
+        least = g.map_bytes;
+      }
     }
   }
-  return first;
+  return least;
 }
 
-PageSpan whole_pages(const Segment& s, const Block& b) {
-  const size_t lo = static_cast<size_t>(b.ptr - reinterpret_cast<char*>(s.base));
-  const size_t hi = lo + b.size;
-  const size_t first = (lo + s.page - 1) / s.page;
-  const size_t end = hi / s.page;
-  PageSpan span;
-  if (end > first) {
-    span.first = first;
-    span.count = end - first;
+Block* ExpandableSegments::grow(
+    size_t size,
+    cudaStream_t stream,
+    size_t page,
+    size_t device_total) {
+  Segment* seg = nullptr;
+  Growth best;
+  for (const auto& s : segments_.all()) {
+    if (s->expandable && s->first->stream == stream) {
+      const Growth g = plan_growth(*s, size);
+      if (g.start && (!best.start || g.map_bytes < best.map_bytes)) {
+        best = g;
+        seg = s.get();
+      }
+    }
   }
-  return span;
+  if (!best.start) {
+    // pages LMS moved to host memory keep their addresses, so the range
+    // outgrows the device; a request past it gets a segment more
+    best.start = segments_.reserve(
+        round_up(std::max(size, 2 * device_total), page), page, stream);
+    seg = best.start->seg;
+  }
+  size_t covered = 0;
+  Block* last = nullptr;
+  bool ok = true;
+  for (Block* b = best.start; covered < size; b = b->next) {
+    if (b->mapped) {
+      free_.remove(b);
+    } else {
+      const size_t need = std::min(b->size, round_up(size - covered, seg->page));
+      if (!segments_.map_pages(seg, seg->page_index(b->ptr), need / seg->page)) {
+        ok = false;
+        break;
+      }
+      if (need < b->size) {
+        split_unmapped(b, need);
+      }
+      b->mapped = true;
+    }
+    covered += b->size;
+    last = b;
+  }
+  if (!last) {
+    return nullptr;
+  }
+  Block* run = merge_run(best.start, last);
+  if (!ok) {
+    free_.add(run);
+    return nullptr;
+  }
+  free_.cut(run, size);
+  return run;
 }
 
-Rest carve_unmapped(Block* b, PageSpan span) {
-  const Segment& s = *b->seg;
-  char* lo = s.page_ptr(span.first);
-  char* hi = s.page_ptr(span.first + span.count);
-  Rest rest;
-  Block* mid = b;
-  if (b->ptr < lo) {
-    mid = insert_after(b, lo, static_cast<size_t>(b->ptr + b->size - lo), true);
-    b->size = static_cast<size_t>(lo - b->ptr);
-    rest.head = b;
+void ExpandableSegments::unmap_free_pages() {
+  std::vector<std::pair<Block*, PageSpan>> spans;
+  for (const auto& s : segments_.all()) {
+    if (!s->expandable) {
+      continue;
+    }
+    for (Block* b = s->first; b; b = b->next) {
+      if (b->mapped && !b->allocated && b->events == 0) {
+        const PageSpan span = whole_pages(*s, *b);
+        if (span.count) {
+          spans.emplace_back(b, span);
+        }
+      }
+    }
   }
-  if (mid->ptr + mid->size > hi) {
-    rest.tail =
-        insert_after(mid, hi, static_cast<size_t>(mid->ptr + mid->size - hi), true);
-    mid->size = static_cast<size_t>(hi - mid->ptr);
+  if (spans.empty()) {
+    return;
   }
-  mid->mapped = false;
-  if (mid->next && !mid->next->mapped) {
-    absorb_next(mid);
+  // the blocks' last users may still run: nothing is unmapped under them
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  // no two free blocks with no events are neighbours (FreeBlocks::add merges
+  // them), so listing one block's rest never merges another span's block
+  for (auto& [b, span] : spans) {
+    free_.remove(b);
+    segments_.unmap_pages(b->seg, span.first, span.count);
+    const Rest rest = carve_unmapped(b, span);
+    for (Block* m : {rest.head, rest.tail}) {
+      if (m) {
+        free_.add(m);
+      }
+    }
   }
-  if (mid->prev && !mid->prev->mapped) {
-    absorb_next(mid->prev);
-  }
-  return rest;
 }
 
 } // namespace lms_pluggable

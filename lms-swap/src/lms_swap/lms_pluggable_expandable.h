@@ -1,53 +1,49 @@
 #pragma once
-// The pluggable LMS allocator's expandable segments: the walks over their
-// blocks (lms_pluggable_expandable.cpp), with no driver call, so that the
-// allocator maps and unmaps pages where these say.
-//
-// An expandable segment's blocks are allocated, free (mapped, listed in
-// FreeBlocks once no stream uses them), or unmapped (whole pages with
-// nothing mapped, never listed). A request no free block holds grows into a
-// run of free and unmapped blocks; releasing memory turns the whole pages of
-// a free block into an unmapped block.
+// The pluggable LMS allocator's expandable segments
+// (lms_pluggable_expandable.cpp): one reserved address range per stream for
+// the large pool, as PyTorch's allocator has with expandable_segments. A
+// request no free block serves grows into the run of free and unmapped
+// blocks that maps least (lms_pluggable_block_walks.h); releasing memory
+// unmaps the whole pages of free blocks. The allocator owns the Segments and
+// FreeBlocks this works on, and calls it under its mutex.
+#include "lms_pluggable_free_blocks.h"
 #include "lms_pluggable_segments.h"
 
 #include <cstddef>
 
 namespace lms_pluggable {
 
-// Where expandable segment `s` can serve `size` bytes: the first block of a
-// run of neighbouring blocks, each free with no events pending or unmapped,
-// that holds `size` bytes from its start, and what serving it there maps
-// (`map_bytes`, whole pages). Of all such runs the one that maps least, the
-// lowest on a tie. `start` nullptr: no run holds it.
-struct Growth {
-  Block* start = nullptr;
-  size_t map_bytes = 0;
+// PyTorch's expandable_segments setting, read as PyTorch reads it: from
+// PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF ("key:value,...").
+bool expandable_segments_setting();
+
+class ExpandableSegments {
+ public:
+  ExpandableSegments(Segments& segments, FreeBlocks& free)
+      : segments_(segments), free_(free) {}
+  ExpandableSegments(const ExpandableSegments&) = delete;
+  ExpandableSegments& operator=(const ExpandableSegments&) = delete;
+
+  // Device bytes that serving `size` bytes on `stream` would map now (in a
+  // new segment of pages of `page` where no segment of the stream holds it).
+  size_t new_bytes(size_t size, cudaStream_t stream, size_t page) const;
+
+  // A block of `size` bytes on `stream` (cut from the run, the rest listed
+  // free), or nullptr when the device has no memory for the pages it needs:
+  // the pages mapped on the way stay, listed as free memory. A new segment
+  // (pages of `page`, address space for `device_total` twice over) where no
+  // segment of the stream holds the request.
+  Block* grow(size_t size, cudaStream_t stream, size_t page, size_t device_total);
+
+  // Unmaps the whole pages of every free block: device pages to the driver,
+  // host pages to the host pool. The caller has collected every pending
+  // event (no free block waits for one); this synchronizes the device before
+  // it unmaps anything.
+  void unmap_free_pages();
+
+ private:
+  Segments& segments_;
+  FreeBlocks& free_;
 };
-Growth plan_growth(const Segment& s, size_t size);
-
-// Keeps the first `keep` bytes (whole pages, fewer than it has) in unmapped
-// block b; the rest becomes an unmapped block after it.
-void split_unmapped(Block* b, size_t keep);
-
-// Merges the neighbouring blocks first..last (mapped, free, none listed)
-// into first, and returns it.
-Block* merge_run(Block* first, Block* last);
-
-// The whole pages of segment s inside block b: [first, first + count).
-struct PageSpan {
-  size_t first = 0;
-  size_t count = 0;
-};
-PageSpan whole_pages(const Segment& s, const Block& b);
-
-// Makes the pages `span` of free block b (unlisted, whole pages inside it)
-// an unmapped block, merged with unmapped neighbours. b's bytes before them
-// stay in b and those after become a new block: both free and mapped,
-// returned (nullptr where there are none) for the caller to list.
-struct Rest {
-  Block* head = nullptr;
-  Block* tail = nullptr;
-};
-Rest carve_unmapped(Block* b, PageSpan span);
 
 } // namespace lms_pluggable

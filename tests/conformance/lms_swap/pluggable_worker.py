@@ -8,6 +8,10 @@ allocator must be installed before the process allocates anything on the GPU.  P
     python pluggable_worker.py host-limit LIMIT_MIB TOTAL_MIB
     python pluggable_worker.py bad-setting SETTINGS
     python pluggable_worker.py fraction FRACTION
+    python pluggable_worker.py expand
+
+Each follows PyTorch's expandable_segments setting in PYTORCH_CUDA_ALLOC_CONF, as the allocator
+does.
 """
 from __future__ import annotations
 
@@ -165,6 +169,42 @@ def bad_setting(settings):
     return {"raised": None}
 
 
+def expand():
+    """Eight 1 GiB tensors, all freed, then one of 8 GiB: reserved bytes and segments after each
+    phase; then a hole unmapped by empty_cache between live tensors, and a 2 GiB tensor that
+    grows past them: every live tensor keeps its bytes."""
+    alloc = _enable()
+    GiB = 1 << 30
+    n = GiB // 4
+
+    def mem():
+        m = alloc.memory_stats()
+        return {k: m[k] for k in ("reserved_bytes", "device_reserved_bytes", "segments",
+                                  "cached_free_bytes")}
+    def filled(i, numel):  # _pattern(i, numel) written in place: no temporary allocated
+        t = torch.arange(numel, dtype=torch.int32, device="cuda")
+        return t.mul_(7).add_(i * 1_000_003)
+    ts = [torch.empty(n, dtype=torch.int32, device="cuda") for _ in range(8)]
+    phases = {"eight": mem()}
+    del ts
+    phases["freed"] = mem()
+    big = filled(0, 8 * n)
+    phases["big"] = mem()
+    a, b, c = (filled(i, n) for i in (1, 2, 3))
+    del b
+    torch.cuda.empty_cache()
+    phases["hole_unmapped"] = mem()
+    d = filled(4, 2 * n)
+    torch.cuda.synchronize()
+    phases["grown"] = mem()
+    bad = [name for name, t, i in (("big", big, 0), ("a", a, 1), ("c", c, 3), ("d", d, 4))
+           if not torch.equal(t, _pattern(i, t.numel()))]
+    del big, a, c, d
+    torch.cuda.empty_cache()
+    phases["empty"] = mem()
+    return {"phases": phases, "bad": bad, "swap_out_bytes": alloc.lms_stats().get("swap_out_bytes")}
+
+
 def main():
     what, args = sys.argv[1], sys.argv[2:]
     if what == "bytes":
@@ -177,6 +217,8 @@ def main():
         r = host_limit(int(args[0]), int(args[1]))
     elif what == "fraction":
         r = fraction(float(args[0]))
+    elif what == "expand":
+        r = expand()
     elif what == "bad-setting":
         r = bad_setting(args[0])
     else:

@@ -61,20 +61,28 @@ def test_the_library_uses_the_processs_cxx_runtime():
     assert "[libstdc++.so.6]" in dynamic, dynamic
 
 
-def test_every_byte_survives_twice_the_limit():
+# PyTorch's allocator settings the allocator follows: its own segment per large request, and
+# one growing range per stream (expandable_segments)
+SEGMENTS = {"fixed": {"PYTORCH_CUDA_ALLOC_CONF": ""},
+            "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+
+
+@pytest.mark.parametrize("segments", sorted(SEGMENTS))
+def test_every_byte_survives_twice_the_limit(segments):
     """16 GiB of distinct int32 patterns under an LMS limit of 8 GiB: half of them live in host
     memory at the end, and every tensor reads back its own values, before and after frees."""
-    r = _run("bytes", 8 * GiB_MiB, 16 * GiB_MiB)
+    r = _run("bytes", 8 * GiB_MiB, 16 * GiB_MiB, env=SEGMENTS[segments])
     assert r["bad"] == [] and r["bad_after_frees"] == [], r
     assert r["swap_out_bytes"] >= 7 * 2**30, r
     assert r["host_bytes_peak"] >= 7 * 2**30, r
     assert 0 < r["memory"]["peak_device_reserved_bytes"] <= 8 * 2**30, r
 
 
-def test_a_side_streams_write_lands_while_its_pages_move():
+@pytest.mark.parametrize("segments", sorted(SEGMENTS))
+def test_a_side_streams_write_lands_while_its_pages_move(segments):
     """A tensor whose write is queued on a side stream behind a 1 s kernel (record_stream) is
     pushed to host memory by the main stream's allocations: the move waits for that stream."""
-    r = _run("foreign", 2 * GiB_MiB)
+    r = _run("foreign", 2 * GiB_MiB, env=SEGMENTS[segments])
     assert r["x_ok"] and r["others_ok"], r
     assert r["swap_out_bytes"] > 0, r
 
@@ -111,6 +119,25 @@ def test_past_the_host_budget_it_raises_out_of_memory_with_lms_report():
     assert "LMS pluggable allocator" in r["message"], r
     assert "PYTORCH_LMS_HOST_MEM_LIMIT_IN_MB" in r["message"], r
     assert r["made"] >= 4, r
+
+
+def test_expandable_segments_reuse_freed_neighbours_and_unmap_on_release():
+    """With expandable_segments: eight freed 1 GiB tensors serve one of 8 GiB with no new memory
+    (each in a segment of its own, they cannot: reserved would double); empty_cache unmaps a
+    freed hole between live tensors, a later tensor grows past them, every live tensor keeps
+    its bytes, and after the last free empty_cache leaves nothing reserved."""
+    GiB = 2**30
+    r = _run("expand", env=SEGMENTS["expandable"])
+    ph = r["phases"]
+    assert r["bad"] == [] and not r["swap_out_bytes"], r
+    assert ph["eight"]["reserved_bytes"] >= 8 * GiB, ph
+    assert ph["big"]["reserved_bytes"] == ph["eight"]["reserved_bytes"], ph
+    assert ph["hole_unmapped"]["reserved_bytes"] <= ph["big"]["reserved_bytes"] + 2 * GiB, ph
+    assert ph["grown"]["reserved_bytes"] >= ph["hole_unmapped"]["reserved_bytes"] + 2 * GiB - 2**27, ph
+    assert ph["empty"]["reserved_bytes"] < GiB // 8, ph
+    fixed = _run("expand", env=SEGMENTS["fixed"])
+    assert fixed["bad"] == [], fixed
+    assert fixed["phases"]["big"]["reserved_bytes"] >= 16 * GiB, fixed["phases"]
 
 
 def test_a_bad_setting_is_refused_naming_it_before_anything_is_installed():
