@@ -475,3 +475,42 @@ def test_a_run_held_to_a_smaller_card_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv(cap.ENV, "zero")
     with pytest.raises(SystemExit):
         cap.gib()
+
+
+def test_a_stop_while_a_finished_child_exits_keeps_its_result(tmp_path):
+    """A child that printed its result and is still exiting (one that pinned tens of GB of
+    host memory takes seconds) when the bench is stopped: its row is recorded with the
+    result it printed, not as cut."""
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent("""
+        import json, time
+        print("RESULT " + json.dumps({
+            "model": "resnet50", "mode": "lms", "batch": 6, "status": "ok",
+            "units_per_s": 12.5, "unit": "img/s", "step_s": 0.48, "timed_steps": 14,
+            "timed_alloc_retries": 0, "out_bytes_per_step": 2e9, "in_bytes_per_step": 2e9,
+            "peak_alloc": 1 << 30, "peak_reserved": 1 << 30}), flush=True)
+        time.sleep(60)  # its exit, slow
+    """))
+    record, table = tmp_path / "zoo.jsonl", tmp_path / "zoo.md"
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
+        import bench_lms_swap as bench
+        bench.__dict__["__file__"] = {str(child)!r}  # run_child starts this file
+        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "--base-batch", "resnet50=4",
+                    "--modes", "lms", "--scales", "1.5", "--link-probe-gib", "0",
+                    "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
+                    "--table", {str(table)!r}]
+        sys.exit(bench.main())
+    """))
+    p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
+    time.sleep(4)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM, p.stderr.read().decode()
+    lines = record.read_text().splitlines()
+    assert len(lines) == 1, lines
+    (res,) = __import__("json").loads(lines[0])["results"]
+    assert res["status"] == "ok" and res["units_per_s"] == 12.5, res
+    assert res["stopped_after_result"].startswith("stopped with the benchmark"), res
+    assert abs(res["frac_of_bound"] - (2e9 / 54e9 + 2e9 / 53e9) / 0.48) < 1e-6, res

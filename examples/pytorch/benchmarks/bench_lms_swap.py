@@ -51,6 +51,7 @@ sys.path.insert(0, str(HERE))         # zoo
 import zoo  # noqa: E402  (the models: unmodified library code)
 import device_cap  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
+import children  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
 from allocator_memory import host_gib, readings  # noqa: E402
@@ -448,13 +449,21 @@ def main():
               flush=True)
         log.write(f"link: {link or r}\n")
     recorded = []
+    running = []  # the row of the configuration whose child runs now
 
-    def cut_short(row, res):
-        # a configuration the bench's stop cut: it and those before it are recorded
-        # before the bench goes (before the child's end, which can take long)
-        if str(res.get("status", "")).startswith("stopped"):
-            row.update({k: v for k, v in res.items() if k not in row})
-            results.append(row)
+    def finish(row, res, stock_rate):
+        """A configuration's row, complete with what its child reported."""
+        row.update({k: v for k, v in res.items() if k not in row})
+        if row["mode"] in SWAPPING and row.get("status") == "ok":
+            add_bounds(row, stock_rate, link)
+        results.append(row)
+
+    def cut_short(row, res, stock_rate):
+        # a configuration running when the bench was told to stop: it (cut, or finished
+        # just then) and those before it are recorded before the bench goes (before the
+        # child's end, which can take long)
+        if children.stopping() or str(res.get("status", "")).startswith("stopped"):
+            finish(row, res, stock_rate)
             write_results(args, out, cmd, link, results)
             recorded.append(True)
 
@@ -496,21 +505,26 @@ def main():
                             cap = args.save_on_cpu_timeout
                         # the budget bounds the whole run, the last configuration included
                         timeout = min(cap, args.budget - elapsed)
+                        running[:] = [row, stock_rate]
                         r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log,
-                                      on_result=lambda res, row=row: cut_short(row, res))
+                                      on_result=lambda res, row=row, rate=stock_rate:
+                                      cut_short(row, res, rate))
+                        running.clear()
                         row.update({k: v for k, v in r.items() if k not in row})
                         if row["status"] != "ok":
                             dead[mode] = row["status"]
                     if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
                         stock_rate = row["units_per_s"]
-                    if mode in SWAPPING and row.get("status") == "ok":
-                        add_bounds(row, stock_rate, link)
-                    results.append(row)
+                    finish(row, {}, stock_rate)
                     print(summary_line(row), flush=True)
                     with open(out / "results.json", "w") as f:
                         json.dump({"command": cmd, "link": link, "results": results}, f, indent=1)
-    except SystemExit:
+    except SystemExit as e:
         if not recorded:  # stopped between two configurations, or in a batch search
+            cut = getattr(e, "result", None)  # children.Stopped: the child's result
+            if cut is not None and running and running[0] not in results:
+                # the stop came after the result had been handed over
+                finish(running[0], cut, running[1])
             write_results(args, out, cmd, link, results)
         raise
     write_results(args, out, cmd, link, results)

@@ -73,6 +73,11 @@ def _end_children(signum, _frame):
         raise SystemExit(128 + signum)
 
 
+def stopping() -> bool:
+    """Whether the parent has been told to stop (by a signal its handlers caught)."""
+    return bool(_STOP)
+
+
 def install_stop_handlers() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _end_children)
@@ -164,9 +169,14 @@ def _watch(p, t0, timeout, guard_bytes, log) -> dict:
         th.join(timeout=5)
     wall = time.perf_counter() - t0
     results = _records(out_lines, "RESULT ")
-    if results and not killed:
+    if results and (not killed or killed.startswith("stopped")):
+        # a child that printed its result had finished its work: a stop that reaches
+        # it while it exits (a child that pinned tens of GB takes seconds) costs
+        # nothing of it
         res = dict(results[-1])
         res["results"] = results
+        if killed:
+            res["stopped_after_result"] = killed
     else:
         steps = _records(out_lines, "STEP ")
         res = {"status": killed or f"exit {p.returncode}",
