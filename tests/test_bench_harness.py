@@ -160,11 +160,9 @@ def test_a_stopped_parent_records_before_its_child_has_ended(tmp_path):
                 pass
 
 
-def test_a_zoo_run_stopped_mid_configuration_still_writes_its_record(tmp_path):
-    """The zoo bench writes one record per run, at its end.  An outer timeout that stops it
-    while a configuration runs must still leave that record: the configurations before, and
-    the one it cut with the steps it printed (an H100 run cut this way left none)."""
-    child = _stepping_child(tmp_path)  # stands in for every configuration
+def _zoo_stopped_after(tmp_path, child, seconds):
+    """The zoo bench over one lms configuration whose child is ``child``, stopped as an outer
+    timeout stops it (SIGTERM) ``seconds`` after it started: its record and table files."""
     record, table = tmp_path / "zoo.jsonl", tmp_path / "zoo.md"
     parent = tmp_path / "parent.py"
     parent.write_text(textwrap.dedent(f"""
@@ -179,9 +177,18 @@ def test_a_zoo_run_stopped_mid_configuration_still_writes_its_record(tmp_path):
         sys.exit(bench.main())
     """))
     p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
-    time.sleep(4)
+    time.sleep(seconds)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM, p.stderr.read().decode()
+    return record, table
+
+
+def test_a_zoo_run_stopped_mid_configuration_still_writes_its_record(tmp_path):
+    """The zoo bench writes one record per run, at its end.  An outer timeout that stops it
+    while a configuration runs must still leave that record: the configurations before, and
+    the one it cut with the steps it printed (an H100 run cut this way left none)."""
+    child = _stepping_child(tmp_path)  # stands in for every configuration
+    record, table = _zoo_stopped_after(tmp_path, child, 4)
     lines = record.read_text().splitlines()
     assert len(lines) == 1, lines
     (res,) = __import__("json").loads(lines[0])["results"]
@@ -491,23 +498,7 @@ def test_a_stop_while_a_finished_child_exits_keeps_its_result(tmp_path):
             "peak_alloc": 1 << 30, "peak_reserved": 1 << 30}), flush=True)
         time.sleep(60)  # its exit, slow
     """))
-    record, table = tmp_path / "zoo.jsonl", tmp_path / "zoo.md"
-    parent = tmp_path / "parent.py"
-    parent.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
-        import bench_lms_swap as bench
-        bench.__dict__["__file__"] = {str(child)!r}  # run_child starts this file
-        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "--base-batch", "resnet50=4",
-                    "--modes", "lms", "--scales", "1.5", "--link-probe-gib", "0",
-                    "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
-                    "--table", {str(table)!r}]
-        sys.exit(bench.main())
-    """))
-    p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
-    time.sleep(4)
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=30) == 128 + signal.SIGTERM, p.stderr.read().decode()
+    record, table = _zoo_stopped_after(tmp_path, child, 4)
     lines = record.read_text().splitlines()
     assert len(lines) == 1, lines
     (res,) = __import__("json").loads(lines[0])["results"]

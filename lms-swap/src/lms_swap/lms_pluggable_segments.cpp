@@ -78,18 +78,9 @@ Block* Segments::make(
     undo(n);
     C10_CUDA_DRIVER_CHECK(static_cast<CUresult>(access));
   }
-  seg->mapped.assign(n, true);
-  seg->on_host.assign(n, false);
-  auto* b = new Block();
-  b->ptr = reinterpret_cast<char*>(seg->base);
-  b->size = size;
-  b->stream = stream;
-  b->seg = seg.get();
-  seg->first = b;
   mapped_ += size;
   note_device_bytes();
-  segments_.push_back(std::move(seg));
-  return b;
+  return add(std::move(seg), stream, /*mapped=*/true);
 }
 
 Block* Segments::reserve(size_t size, size_t page, cudaStream_t stream) {
@@ -99,16 +90,23 @@ Block* Segments::reserve(size_t size, size_t page, cudaStream_t stream) {
   seg->expandable = true;
   C10_CUDA_DRIVER_CHECK(
       DriverAPI::get()->cuMemAddressReserve_(&seg->base, size, page, 0, 0));
-  const size_t n = size / page;
-  seg->handles.assign(n, 0);
-  seg->mapped.assign(n, false);
+  seg->handles.assign(size / page, 0);
+  return add(std::move(seg), stream, /*mapped=*/false);
+}
+
+Block* Segments::add(
+    std::unique_ptr<Segment> seg,
+    cudaStream_t stream,
+    bool mapped) {
+  const size_t n = seg->size / seg->page;
+  seg->mapped.assign(n, mapped);
   seg->on_host.assign(n, false);
   auto* b = new Block();
   b->ptr = reinterpret_cast<char*>(seg->base);
-  b->size = size;
+  b->size = seg->size;
   b->stream = stream;
   b->seg = seg.get();
-  b->mapped = false;
+  b->mapped = mapped;
   seg->first = b;
   segments_.push_back(std::move(seg));
   return b;

@@ -152,6 +152,10 @@ class Segments {
   }
 
  private:
+  // Lists seg (its handles made, mapped or not as `mapped` says), covered by
+  // one free block of `stream`, and returns that block.
+  Block* add(std::unique_ptr<Segment> seg, cudaStream_t stream, bool mapped);
+
   void note_device_bytes() {
     peak_device_ = std::max(peak_device_, device_bytes());
   }
