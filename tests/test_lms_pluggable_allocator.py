@@ -50,6 +50,28 @@ def test_free_blocks_fit_cut_and_merge_per_stream(tmp_path):
 
 
 @needs_cxx
+def test_expandable_segments_keep_blocks_and_pages_in_step(tmp_path):
+    """ExpandableSegments over a stand-in for the driver's pages (no GPU): 4,000 random
+    allocations, frees and releases under a device budget, the layout checked after each
+    (blocks cover the segments, unmapped blocks are whole pages with nothing mapped, no page is
+    mapped or unmapped twice or under a live block, the free lists hold the free blocks), the
+    bytes new_bytes predicts are what grow maps, and at the end nothing stays mapped."""
+    includes = _headers_or_skip()
+    exe = tmp_path / "driver"
+    subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{PKG}",
+                    *[f"-I{d}" for d in includes],
+                    str(ROOT / "tests" / "lms_pluggable" / "expandable_driver.cpp"),
+                    *[str(PKG / f"lms_pluggable_{u}.cpp")
+                      for u in ("expandable", "block_walks", "free_blocks")], "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    lines = p.stdout.splitlines()
+    failed = [x for x in lines if not x.startswith("ok ")]
+    assert p.returncode == 0 and not failed, p.stdout + p.stderr
+    assert len(lines) == 5, lines
+
+
+@needs_cxx
 def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
     """The allocator's own units and the core's, with the include paths and flags of the
     run-time build (a CPU-only torch lacks one generated header, which only says how c10_cuda

@@ -242,7 +242,12 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     release_free_segments();
     if (expandable_) {
       collect_events(/*wait=*/true);
-      growth_.unmap_free_pages();
+      const ExpandableSegments::Spans spans = growth_.free_pages();
+      if (!spans.empty()) {
+        // the blocks' last users may still run: nothing is unmapped under them
+        C10_CUDA_CHECK(cudaDeviceSynchronize());
+        growth_.unmap(spans);
+      }
     }
   }
   void release_free_segments() override {

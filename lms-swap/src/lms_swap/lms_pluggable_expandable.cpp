@@ -2,10 +2,6 @@
 // lms_pluggable_expandable.h.
 #include "lms_pluggable_expandable.h"
 
-#include "lms_pluggable_block_walks.h"
-
-#include <c10/cuda/CUDAException.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -20,6 +16,9 @@ namespace {
 size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
+
+// a new expandable segment's address space, in device sizes
+constexpr size_t kAddressSpacePerDevice = 4;
 
 } // namespace
 
@@ -82,10 +81,13 @@ Block* ExpandableSegments::grow(
     }
   }
   if (!best.start) {
-    // pages LMS moved to host memory keep their addresses, so the range
-    // outgrows the device; a request past it gets a segment more
+    // Address space is cheap and a wide range fragments less: pages LMS moved
+    // to host memory keep their addresses, so the range outgrows the device.
+    // A request no range of the stream holds gets a segment more.
     best.start = segments_.reserve(
-        round_up(std::max(size, 2 * device_total), page), page, stream);
+        round_up(std::max(size, kAddressSpacePerDevice * device_total), page),
+        page,
+        stream);
     seg = best.start->seg;
   }
   size_t covered = 0;
@@ -116,12 +118,19 @@ Block* ExpandableSegments::grow(
     free_.add(run);
     return nullptr;
   }
+  // pages mapped up to a free block (one that releasing cut from the same
+  // free range) join it, so that what the request leaves is one free block
+  Block* next = run->next;
+  if (next && next->mapped && !next->allocated && next->events == 0) {
+    free_.remove(next);
+    run = merge_run(run, next);
+  }
   free_.cut(run, size);
   return run;
 }
 
-void ExpandableSegments::unmap_free_pages() {
-  std::vector<std::pair<Block*, PageSpan>> spans;
+ExpandableSegments::Spans ExpandableSegments::free_pages() const {
+  Spans spans;
   for (const auto& s : segments_.all()) {
     if (!s->expandable) {
       continue;
@@ -135,14 +144,13 @@ void ExpandableSegments::unmap_free_pages() {
       }
     }
   }
-  if (spans.empty()) {
-    return;
-  }
-  // the blocks' last users may still run: nothing is unmapped under them
-  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  return spans;
+}
+
+void ExpandableSegments::unmap(const Spans& spans) {
   // no two free blocks with no events are neighbours (FreeBlocks::add merges
   // them), so listing one block's rest never merges another span's block
-  for (auto& [b, span] : spans) {
+  for (const auto& [b, span] : spans) {
     free_.remove(b);
     segments_.unmap_pages(b->seg, span.first, span.count);
     const Rest rest = carve_unmapped(b, span);

@@ -4,12 +4,16 @@
 // the large pool, as PyTorch's allocator has with expandable_segments. A
 // request no free block serves grows into the run of free and unmapped
 // blocks that maps least (lms_pluggable_block_walks.h); releasing memory
-// unmaps the whole pages of free blocks. The allocator owns the Segments and
-// FreeBlocks this works on, and calls it under its mutex.
+// unmaps the whole pages of free blocks. The allocator owns the segments and
+// FreeBlocks this works on, and calls it under its mutex. No CUDA call is
+// made here but through the PageMapper.
+#include "lms_pluggable_block_walks.h"
 #include "lms_pluggable_free_blocks.h"
 #include "lms_pluggable_segments.h"
 
 #include <cstddef>
+#include <utility>
+#include <vector>
 
 namespace lms_pluggable {
 
@@ -19,7 +23,7 @@ bool expandable_segments_setting();
 
 class ExpandableSegments {
  public:
-  ExpandableSegments(Segments& segments, FreeBlocks& free)
+  ExpandableSegments(PageMapper& segments, FreeBlocks& free)
       : segments_(segments), free_(free) {}
   ExpandableSegments(const ExpandableSegments&) = delete;
   ExpandableSegments& operator=(const ExpandableSegments&) = delete;
@@ -31,18 +35,21 @@ class ExpandableSegments {
   // A block of `size` bytes on `stream` (cut from the run, the rest listed
   // free), or nullptr when the device has no memory for the pages it needs:
   // the pages mapped on the way stay, listed as free memory. A new segment
-  // (pages of `page`, address space for `device_total` twice over) where no
-  // segment of the stream holds the request.
+  // (pages of `page`, address space for `device_total` four times over)
+  // where no segment of the stream holds the request.
   Block* grow(size_t size, cudaStream_t stream, size_t page, size_t device_total);
 
-  // Unmaps the whole pages of every free block: device pages to the driver,
-  // host pages to the host pool. The caller has collected every pending
-  // event (no free block waits for one); this synchronizes the device before
-  // it unmaps anything.
-  void unmap_free_pages();
+  // The whole pages of every free block with no event pending, by block.
+  using Spans = std::vector<std::pair<Block*, PageSpan>>;
+  Spans free_pages() const;
+
+  // Unmaps `spans` (of free_pages(), nothing allocated or freed since):
+  // device pages to the driver, host pages to the host pool. The caller has
+  // made sure no stream still uses them (a device synchronization).
+  void unmap(const Spans& spans);
 
  private:
-  Segments& segments_;
+  PageMapper& segments_;
   FreeBlocks& free_;
 };
 

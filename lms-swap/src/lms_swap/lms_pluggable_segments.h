@@ -89,8 +89,28 @@ struct Segment {
   }
 };
 
+// What the expandable segments' growth and release ask of the segments
+// (lms_pluggable_expandable.h): Segments below on a GPU, a stand-in on the
+// CPU in the tests.
+class PageMapper {
+ public:
+  virtual const std::vector<std::unique_ptr<Segment>>& all() const = 0;
+  // An expandable segment of `size` bytes of address space in pages of
+  // `page` bytes, nothing mapped, covered by one unmapped block of `stream`.
+  virtual Block* reserve(size_t size, size_t page, cudaStream_t stream) = 0;
+  // Maps new device pages at pages [first, first + count) of expandable s
+  // (none of them mapped); false when the device has no memory for them
+  // (none is left mapped); other driver errors throw.
+  virtual bool map_pages(Segment* s, size_t first, size_t count) = 0;
+  // Unmaps pages [first, first + count) of expandable s, which no allocated
+  // block and no stream uses any more: device pages to the driver, host
+  // pages to LMS's host pool.
+  virtual void unmap_pages(Segment* s, size_t first, size_t count) = 0;
+  virtual ~PageMapper() = default;
+};
+
 // The segments of one GPU.
-class Segments {
+class Segments final : public PageMapper {
  public:
   explicit Segments(int device) : device_(device) {}
   Segments(const Segments&) = delete;
@@ -101,19 +121,9 @@ class Segments {
   // has no memory for it (nothing is left behind); other driver errors throw.
   Block* make(size_t size, size_t page, bool small, cudaStream_t stream);
 
-  // An expandable segment of `size` bytes of address space in pages of
-  // `page` bytes, nothing mapped, covered by one unmapped block of `stream`.
-  Block* reserve(size_t size, size_t page, cudaStream_t stream);
-
-  // Maps new device pages at pages [first, first + count) of expandable s
-  // (none of them mapped); false when the device has no memory for them
-  // (none is left mapped); other driver errors throw.
-  bool map_pages(Segment* s, size_t first, size_t count);
-
-  // Unmaps pages [first, first + count) of expandable s, which no allocated
-  // block and no stream uses any more: device pages to the driver, host
-  // pages to LMS's host pool.
-  void unmap_pages(Segment* s, size_t first, size_t count);
+  Block* reserve(size_t size, size_t page, cudaStream_t stream) override;
+  bool map_pages(Segment* s, size_t first, size_t count) override;
+  void unmap_pages(Segment* s, size_t first, size_t count) override;
 
   // Gives back a segment whose one block is free and no longer used by any
   // stream: device pages to the driver, host pages to LMS's host pool. The
@@ -147,7 +157,7 @@ class Segments {
   void reset_peak() {
     peak_device_ = device_bytes();
   }
-  const std::vector<std::unique_ptr<Segment>>& all() const {
+  const std::vector<std::unique_ptr<Segment>>& all() const override {
     return segments_;
   }
 
