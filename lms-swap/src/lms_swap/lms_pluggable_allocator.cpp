@@ -427,10 +427,12 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
 
   bool new_segment(Request& r) {
     if (expandable_ && !r.small) {
-      size_t free_b = 0;
-      size_t total_b = 0;
-      C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      r.got = growth_.grow(r.size, r.stream, new_large_page(device_), total_b);
+      if (device_total_ == 0) {
+        size_t free_b = 0;
+        C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &device_total_));
+      }
+      r.got =
+          growth_.grow(r.size, r.stream, new_large_page(device_), device_total_);
       return r.got != nullptr;
     }
     const auto [page, size] = segment_shape(r);
@@ -497,6 +499,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   std::recursive_mutex mu_;
   const int device_;
   const bool expandable_; // large requests grow expandable segments
+  size_t device_total_ = 0; // the card's bytes, once an expandable one grew
   Segments segments_;
   FreeBlocks free_;
   ExpandableSegments growth_{segments_, free_};
