@@ -48,20 +48,26 @@ bool expandable_segments_setting() {
   return false;
 }
 
+Growth ExpandableSegments::best_growth(size_t size, cudaStream_t stream) const {
+  Growth best;
+  for (const auto& s : segments_.all()) {
+    if (s->expandable && s->first->stream == stream) {
+      const Growth g = plan_growth(*s, size);
+      if (g.start && (!best.start || g.map_bytes < best.map_bytes)) {
+        best = g;
+      }
+    }
+  }
+  return best;
+}
+
 size_t ExpandableSegments::new_bytes(
     size_t size,
     cudaStream_t stream,
     size_t page) const {
-  size_t least = round_up(size, page);
-  for (const auto& s : segments_.all()) {
-    if (s->expandable && s->first->stream == stream) {
-      const Growth g = plan_growth(*s, size);
-      if (g.start && g.map_bytes < least) {
-        least = g.map_bytes;
-      }
-    }
-  }
-  return least;
+  const Growth g = best_growth(size, stream);
+  const size_t fresh = round_up(size, page);
+  return g.start && g.map_bytes < fresh ? g.map_bytes : fresh;
 }
 
 Block* ExpandableSegments::grow(
@@ -69,17 +75,7 @@ Block* ExpandableSegments::grow(
     cudaStream_t stream,
     size_t page,
     size_t device_total) {
-  Segment* seg = nullptr;
-  Growth best;
-  for (const auto& s : segments_.all()) {
-    if (s->expandable && s->first->stream == stream) {
-      const Growth g = plan_growth(*s, size);
-      if (g.start && (!best.start || g.map_bytes < best.map_bytes)) {
-        best = g;
-        seg = s.get();
-      }
-    }
-  }
+  Growth best = best_growth(size, stream);
   if (!best.start) {
     // Address space is cheap and a wide range fragments less: pages LMS moved
     // to host memory keep their addresses, so the range outgrows the device.
@@ -88,8 +84,8 @@ Block* ExpandableSegments::grow(
         round_up(std::max(size, kAddressSpacePerDevice * device_total), page),
         page,
         stream);
-    seg = best.start->seg;
   }
+  Segment* seg = best.start->seg;
   size_t covered = 0;
   Block* last = nullptr;
   bool ok = true;

@@ -49,6 +49,10 @@ class ExpandableSegments {
   void unmap(const Spans& spans);
 
  private:
+  // Of the stream's segments, the run that maps least for `size` bytes
+  // (plan_growth); `start` nullptr where none holds it.
+  Growth best_growth(size_t size, cudaStream_t stream) const;
+
   PageMapper& segments_;
   FreeBlocks& free_;
 };
