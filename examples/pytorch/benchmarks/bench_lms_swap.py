@@ -150,8 +150,6 @@ def make_optimizer(model, name):
     return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
 
-
-
 def child(args):
     import torch
 
@@ -393,9 +391,7 @@ def main():
                     help="seconds for one model's batch search")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
-    ap.add_argument("--device-gib", type=device_cap.parse, default=None, metavar="GIB",
-                    help="hold every configuration to a card of this many GiB (on a larger "
-                         "card: 'h100' for the 80 GB H100 the base batches were measured on)")
+    device_cap.add_option(ap)
     ap.add_argument("--link-probe-gib", type=float, default=2.0,
                     help="GiB per copy when measuring this host's pinned copy rates before "
                          "the configurations (0: not measured)")
@@ -407,8 +403,7 @@ def main():
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
-    if args.device_gib is not None:
-        os.environ[device_cap.ENV] = repr(args.device_gib)  # the children read it
+    device_cap.pass_to_children(args.device_gib)
     if args.table_only:
         write_table(pathlib.Path(args.table), records.load(args.record))
         return 0

@@ -362,16 +362,13 @@ def main():
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole run")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
-    ap.add_argument("--device-gib", type=device_cap.parse, default=None, metavar="GIB",
-                    help="hold every configuration to a card of this many GiB (on a larger "
-                         "card: 'h100' for the 80 GB H100 the base batches were measured on)")
+    device_cap.add_option(ap)
     ap.add_argument("--record", default=str(RECORD), help="JSON Lines file to append to")
     ap.add_argument("--table", default=str(TABLE), help="markdown table to rewrite")
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
-    if args.device_gib is not None:
-        os.environ[device_cap.ENV] = repr(args.device_gib)  # the children read it
+    device_cap.pass_to_children(args.device_gib)
     if args.child:
         if args.fits:
             return child_fits(args)

@@ -18,7 +18,8 @@ import argparse
 import os
 from typing import Optional
 
-__all__ = ["ENV", "H100_GIB", "apply", "gib", "parse", "pluggable_settings"]
+__all__ = ["ENV", "H100_GIB", "add_option", "apply", "gib", "parse", "pluggable_settings",
+           "pass_to_children"]
 
 ENV = "LMS_BENCH_DEVICE_GIB"
 # torch.cuda.get_device_properties(0).total_memory on the H100 80GB HBM3 the batches were
@@ -38,6 +39,19 @@ def parse(value: str) -> float:
     if not size > 0 or size != size or size == float("inf"):
         raise argparse.ArgumentTypeError(f"{value!r}: must be a finite number above 0")
     return size
+
+
+def add_option(ap: argparse.ArgumentParser) -> None:
+    """A parent's ``--device-gib``."""
+    ap.add_argument("--device-gib", type=parse, default=None, metavar="GIB",
+                    help="hold every configuration to a card of this many GiB (on a larger "
+                         "card: 'h100' for the 80 GB H100 the base batches were measured on)")
+
+
+def pass_to_children(size: Optional[float]) -> None:
+    """Puts ``--device-gib`` where this process's children (and its record) read it."""
+    if size is not None:
+        os.environ[ENV] = repr(size)
 
 
 def gib() -> Optional[float]:

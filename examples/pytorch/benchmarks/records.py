@@ -53,10 +53,11 @@ def gpu_label(machine: dict) -> str:
     """A record's card for a table: its name, and the size its run was held to where the
     run was capped (device_cap)."""
     gpu = (machine or {}).get("gpu") or "?"
-    if (machine or {}).get("device_gib"):
-        gpu += f", held to {machine['device_gib']:.1f} GiB (an H100's size)" \
-            if abs(machine["device_gib"] - device_cap.H100_GIB) < 0.05 else \
-            f", held to {machine['device_gib']:.1f} GiB"
+    size = (machine or {}).get("device_gib")
+    if size:
+        gpu += f", held to {size:.1f} GiB"
+        if abs(size - device_cap.H100_GIB) < 0.05:
+            gpu += " (an H100's size)"
     return gpu
 
 
