@@ -157,10 +157,8 @@ def child(args):
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
         from lms_swap_loader import load_lms_allocator
-        alloc = load_lms_allocator(device_cap.pluggable_settings(torch))
-        cap = None
-    else:
-        cap = device_cap.apply(torch)
+        alloc = load_lms_allocator()
+    cap = device_cap.apply(torch)
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)

@@ -121,11 +121,10 @@ def child(args):
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
         from lms_swap_loader import load_lms_allocator
-        alloc = load_lms_allocator(device_cap.pluggable_settings(torch))
-    else:
-        cap = device_cap.apply(torch)
-        if cap:
-            result["device_cap"] = cap
+        alloc = load_lms_allocator()
+    cap = device_cap.apply(torch)
+    if cap:
+        result["device_cap"] = cap
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)

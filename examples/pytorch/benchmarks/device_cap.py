@@ -6,9 +6,10 @@ a run there measures nothing.  A parent given ``--device-gib`` passes the size t
 children in ``LMS_BENCH_DEVICE_GIB``; each child then takes no more of the card than a
 card of that size would give it, with its own CUDA context outside as there:
 
-- the caching allocator through ``torch.cuda.set_per_process_memory_fraction``, which
-  lms_swap's forecast reads as the device's size;
-- the pluggable LMS allocator through its ``lms_limit_mb`` (it does not read the fraction).
+``torch.cuda.set_per_process_memory_fraction``, which lms_swap's forecast reads as the device's
+size and the pluggable LMS allocator takes as its LMS limit.  Under the pluggable allocator it
+is applied after the allocator is installed: any earlier ``torch.cuda`` call initializes the
+native allocator, and PyTorch then refuses to change it.
 
 Host memory is not capped: the machines with the larger cards have as much or more.
 """
@@ -18,8 +19,7 @@ import argparse
 import os
 from typing import Optional
 
-__all__ = ["ENV", "H100_GIB", "add_option", "apply", "gib", "parse", "pluggable_settings",
-           "pass_to_children"]
+__all__ = ["ENV", "H100_GIB", "add_option", "apply", "gib", "parse", "pass_to_children"]
 
 ENV = "LMS_BENCH_DEVICE_GIB"
 # torch.cuda.get_device_properties(0).total_memory on the H100 80GB HBM3 the batches were
@@ -76,9 +76,9 @@ def _allocator_bytes(torch, size_gib: float) -> int:
 
 
 def apply(torch) -> Optional[dict]:
-    """Caps the caching allocator to the asked size; call it before the model is built.
-    Returns what it did (for the child's RESULT), or None where nothing was asked or the
-    card is no larger.  Not for a process whose allocator is the pluggable one."""
+    """Caps the process's allocator to the asked size; call it before the model is built, and
+    under the pluggable allocator after installing it.  Returns what it did (for the child's
+    RESULT), or None where nothing was asked or the card is no larger."""
     size = gib()
     if size is None:
         return None
@@ -88,14 +88,3 @@ def apply(torch) -> Optional[dict]:
     cap = _allocator_bytes(torch, size)
     torch.cuda.set_per_process_memory_fraction(cap / total)
     return {"device_gib": size, "allocator_cap_bytes": cap}
-
-
-def pluggable_settings(torch) -> Optional[str]:
-    """The pluggable allocator's setting for the asked size (``lms_limit_mb:N``), or None.
-    Reads the device before the allocator is installed, which CUDA's runtime allows."""
-    size = gib()
-    if size is None:
-        return None
-    if size * GiB >= torch.cuda.get_device_properties(0).total_memory:
-        return None
-    return f"lms_limit_mb:{_allocator_bytes(torch, size) >> 20}"
