@@ -9,6 +9,7 @@ allocator must be installed before the process allocates anything on the GPU.  P
     python pluggable_worker.py bad-setting SETTINGS
     python pluggable_worker.py fraction FRACTION
     python pluggable_worker.py expand
+    python pluggable_worker.py host-reserve LIMIT_MIB
 
 Each follows PyTorch's expandable_segments setting in PYTORCH_CUDA_ALLOC_CONF, as the allocator
 does.
@@ -205,6 +206,37 @@ def expand():
     return {"phases": phases, "bad": bad, "swap_out_bytes": alloc.lms_stats().get("swap_out_bytes")}
 
 
+def host_reserve(limit_mib):
+    """The automatic host reserve: tensors filling 7/8 of the LMS limit, nothing moved, and a
+    pause long enough for the pool's filler to make pages: no host page is made.  Then 1/4 of
+    the limit more: pages move, and the pool keeps an idle reserve of at most what moved (and
+    at most 1/8 of the limit) made in the background."""
+    alloc = _enable(limit_mib)
+
+    def pool():
+        st = alloc.lms_stats()
+        return {k: st.get(k) for k in ("host_pool.total_bytes", "host_pool.idle_bytes",
+                                       "host_pool.reserve_bytes", "host_pool.made_ahead_bytes",
+                                       "host_bytes.current", "host_bytes.peak", "swap_out_bytes")}
+    n = CHUNK // 4
+    ts = [torch.ones(n, dtype=torch.int32, device="cuda")
+          for _ in range(limit_mib * MiB * 7 // 8 // CHUNK)]
+    torch.cuda.synchronize()
+    time.sleep(3)
+    fits = pool()
+    ts += [torch.ones(n, dtype=torch.int32, device="cuda")
+           for _ in range(limit_mib * MiB // 4 // CHUNK)]
+    torch.cuda.synchronize()
+    moved = pool()
+    t0 = time.time()
+    while time.time() - t0 < 10 and (pool()["host_pool.idle_bytes"] or 0) < (moved["host_pool.reserve_bytes"] or 0):
+        time.sleep(0.05)
+    settled = pool()
+    bad = sum(int(t.sum().item() != n) for t in ts)
+    return {"fits": fits, "moved": moved, "settled": settled, "bad": bad,
+            "limit_bytes": limit_mib * MiB}
+
+
 def main():
     what, args = sys.argv[1], sys.argv[2:]
     if what == "bytes":
@@ -219,6 +251,8 @@ def main():
         r = fraction(float(args[0]))
     elif what == "expand":
         r = expand()
+    elif what == "host-reserve":
+        r = host_reserve(int(args[0]))
     elif what == "bad-setting":
         r = bad_setting(args[0])
     else:

@@ -140,6 +140,21 @@ def test_expandable_segments_reuse_freed_neighbours_and_unmap_on_release():
     assert fixed["phases"]["big"]["reserved_bytes"] >= 16 * GiB, fixed["phases"]
 
 
+def test_a_job_that_fits_holds_no_host_pages_and_the_reserve_follows_what_moved():
+    """Under an 8 GiB limit, 7/8 of it allocated and a pause: no host page made ahead (a job
+    that fits keeps stock's host memory).  A quarter more moves pages: the pool's idle reserve,
+    made in the background, is no more than what moved and no more than 1/8 of the limit."""
+    r = _run("host-reserve", 8 * GiB_MiB)
+    fits, moved, settled = r["fits"], r["moved"], r["settled"]
+    assert fits["swap_out_bytes"] in (0, None), r
+    assert fits["host_pool.total_bytes"] == 0 and fits["host_pool.reserve_bytes"] == 0, r
+    assert moved["swap_out_bytes"] > 0 and r["bad"] == 0, r
+    reserve = settled["host_pool.reserve_bytes"]
+    assert 0 < reserve <= min(settled["host_bytes.peak"], r["limit_bytes"] // 8), r
+    assert settled["host_pool.idle_bytes"] >= reserve, r
+    assert settled["host_pool.total_bytes"] <= settled["host_bytes.current"] + reserve + 2 * 2**26, r
+
+
 def test_a_bad_setting_is_refused_naming_it_before_anything_is_installed():
     r = _run("bad-setting", "lms_limit_mb:lots")
     assert r["raised"] == "ValueError" and "lms_limit_mb" in r["message"], r

@@ -221,8 +221,9 @@ def sc_net(L, lms="1", slots="0.45", blocks="1.0", alloc_host="0.25", chunk_mb="
 def sc_bandwidth(L, limit_gb="8", size_gb="8", reserve_mb="auto", settle_s="0", gate="1", page_mb="auto"):
     """Swap A out by allocating B under an LMS limit, three times.
 
-    The first round's host pages are made on the way (reserve_mb=0), or ahead of
-    need by the pool's filler (the default reserve), which starts when A's
+    The first round's host pages are made on the way (reserve_mb=0, or the
+    automatic reserve, which makes nothing before LMS has moved something), or
+    ahead of need by the pool's filler (a set reserve), which starts when A's
     allocation fills the limit past 3/4; settle_s is how long the job may
     compute after that before it asks for B (a training step's forward takes
     that long to fill a device), ended early once the pool holds A's size.

@@ -419,8 +419,9 @@ def test_lms_off_is_upstream(work):
 @pytest.mark.parametrize("first_pages", ["made_ahead", "made_on_the_way", "made_ahead_gate_off",
                                          "made_ahead_20mib_pages"])
 def test_bandwidth(work, first_pages):
-    # made_ahead: a reserve as large as the spill (the automatic one is 1/8 of
-    # the 8 GiB limit); the pool's filler makes it while the job computes.
+    # made_ahead: a reserve as large as the spill (the automatic one makes
+    # nothing before the first spill); the pool's filler makes it while the
+    # job computes.
     # gate_off: the same without the launch gate, to see what it costs;
     # 20mib_pages: the same on upstream's large-pool page instead of LMS's
     args = {"made_ahead": ("reserve_mb=8192", "settle_s=10"),

@@ -52,7 +52,8 @@ C10_CUDA_API void set_defrag_enabled(bool on);
 C10_CUDA_API size_t host_mem_limit();
 C10_CUDA_API void set_host_mem_limit(size_t bytes);
 // host pages the pool makes ahead of need (impl/LMSHostPool.cpp);
-// kAutoHostReserve: 1/8 of the device memory LMS may use
+// kAutoHostReserve: none until LMS moves something, then as many as LMS has
+// held on the host, at most 1/8 of the device memory LMS may use
 constexpr size_t kAutoHostReserve = ~size_t(0);
 C10_CUDA_API size_t host_reserve_setting();
 C10_CUDA_API void set_host_reserve(size_t bytes);
@@ -176,12 +177,13 @@ C10_CUDA_API void host_page_release(
     int device,
     size_t page_size,
     unsigned long long handle);
-// Asks the pool's filler thread to keep pages of page_size ready for device
-// (the reserve setting; auto: lms_capacity / 8), made in the background.
+// Asks the pool's filler thread to keep reserve_bytes of idle pages of
+// page_size ready for device (at most half the host budget), made in the
+// background.
 C10_CUDA_API void host_pool_prefill(
     int device,
     size_t page_size,
-    size_t lms_capacity);
+    size_t reserve_bytes);
 // While a spill runs the filler makes no driver calls (they would contend).
 C10_CUDA_API void host_pool_pause();
 C10_CUDA_API void host_pool_resume();

@@ -32,16 +32,31 @@ size_t DeviceLms::device_bytes() const {
   return mapped > h ? mapped - h : 0;
 }
 
-// Once device use reaches 3/4 of what LMS may use, host pages for large
-// blocks start being made in the background, so that the first spill finds
-// them made. Their page is that of the device pages a spill would move: a
-// segment keeps the page it was made with, so segments made before LMS was
-// switched on keep upstream's page, and host pages of LMS's own size would
-// not serve their spill (it would make its pages on the way).
+// Host pages are made in the background so that a spill finds them made
+// (making pinned host pages runs at a tenth of the copy's speed). Their page
+// is that of the device pages a spill would move: a segment keeps the page it
+// was made with, so segments made before LMS was switched on keep upstream's
+// page, and host pages of LMS's own size would not serve their spill.
+// * A reserve set by the user (lms_host_reserve_mb): filling starts once
+//   device use reaches 3/4 of what LMS may use.
+// * Automatic: nothing is made before LMS has moved something, so a job that
+//   fits holds no host pages; from then on the idle reserve follows the most
+//   LMS has held on the host, up to 1/8 of what LMS may use, so the next,
+//   larger spill finds its pages made.
 void DeviceLms::prefill(size_t want, size_t cap) {
-  if (!prefill_asked_ && device_bytes() + want >= cap / 4 * 3) {
-    prefill_asked_ = true;
-    host_pool_prefill(mover_.device(), hooks_.busiest_large_page(mover_.device()), cap);
+  const size_t setting = host_reserve_setting();
+  const int dev = mover_.device();
+  if (setting != kAutoHostReserve) {
+    if (!prefill_asked_ && device_bytes() + want >= cap / 4 * 3) {
+      prefill_asked_ = true;
+      host_pool_prefill(dev, hooks_.busiest_large_page(dev), setting);
+    }
+    return;
+  }
+  const size_t reserve = std::min(host_bytes(), cap / 8);
+  if (reserve > reserve_asked_) {
+    reserve_asked_ = reserve;
+    host_pool_prefill(dev, hooks_.busiest_large_page(dev), reserve);
   }
 }
 
@@ -161,7 +176,8 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   // The LMS limit: device memory this process keeps under. Reclaim before
   // passing it; when reclaiming cannot get under it, the request fails.
   size_t lim = limit();
-  prefill(want, lim ? std::min(lim, total_b) : total_b);
+  const size_t cap = lim ? std::min(lim, total_b) : total_b;
+  prefill(want, cap);
   bool reclaimed = false;
   if (lim && device_bytes() + want > lim) {
     if (!capturing) {
@@ -170,6 +186,7 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
       attempt_.released += rel;
       if (rel < over) {
         reclaimed = swap_out(over - rel) > 0;
+        prefill(want, cap);
       }
     }
     if (device_bytes() + want > lim) {
@@ -198,6 +215,7 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
     if (swap_out(need) == 0) {
       break;
     }
+    prefill(want, cap);
     if (hooks_.alloc_block(/*is_retry=*/true)) {
       stat_add(dev, kAllocLmsReclaim, 1);
       return true;
@@ -234,6 +252,7 @@ void DeviceLms::empty_cache() {
   }
   host_pool_trim();
   prefill_asked_ = false;
+  reserve_asked_ = 0;
 }
 
 std::string DeviceLms::oom_message(size_t alloc_size) {

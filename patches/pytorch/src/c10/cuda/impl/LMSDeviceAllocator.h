@@ -19,8 +19,10 @@
 //   (impl/LMSLaunchGate.cpp); copy the page into a pooled host page through
 //   that page's own mapping (impl/LMSHostPool.cpp); wait for the copy; then
 //   remap the page's virtual address to the host handle and release the
-//   device handle. Host pages are made ahead of need once the device is 3/4
-//   full (prefill), of the page the spill will move. Kernels launched
+//   device handle. Host pages are made ahead of need (prefill): once LMS has
+//   moved something, as many as it has held on the host (at most 1/8 of what
+//   LMS may use), or a set reserve once the device is 3/4 full; of the page
+//   the spill will move. Kernels launched
 //   afterwards read and write the page over PCIe.
 // * Return: when freed bytes add up (after_free) or on emptyCache, free
 //   pages are released and host pages come back (most recently allocated
@@ -85,7 +87,8 @@ class DeviceLms {
   AllocatorHooks& hooks_;
   PageMover mover_;
   size_t freed_since_return_ = 0;
-  bool prefill_asked_ = false; // since the last emptyCache
+  bool prefill_asked_ = false; // a set reserve, since the last emptyCache
+  size_t reserve_asked_ = 0; // the automatic reserve, since the last emptyCache
   Attempt attempt_;
 };
 

@@ -11,10 +11,11 @@
 //     copies run, serialised in the driver (more threads do not help).
 // A spill through a staging window paid the second twice per page. And a page
 // made on the spill path costs its creation too, so pages are made ahead of
-// need: once the device is 3/4 full the allocator calls host_pool_prefill, and
-// a filler thread makes pages until the idle pool holds the reserve
-// (lms_host_reserve_mb; auto: 1/8 of the device memory LMS may use, at most
-// half the host budget). It pauses while a spill runs. host_pool_trim (emptyCache) gives the
+// need: the allocator calls host_pool_prefill with the reserve it wants (see
+// DeviceLms::prefill: a set lms_host_reserve_mb once the device is 3/4 full;
+// automatic: what LMS has held on the host, up to 1/8 of the device memory
+// LMS may use), and a filler thread makes pages until the idle pool holds it
+// (at most half the host budget). It pauses while a spill runs. host_pool_trim (emptyCache) gives the
 // idle pages back and stops filling until the next prefill.
 //
 // Invariants: every handle in the pool is charged to the host budget exactly
@@ -267,12 +268,8 @@ void host_page_release(int device, size_t page_size, unsigned long long handle) 
   p.idle_bytes += page_size;
 }
 
-void host_pool_prefill(int device, size_t page_size, size_t lms_capacity) {
-  size_t want = host_reserve_setting();
-  if (want == kAutoHostReserve) {
-    want = lms_capacity / 8;
-  }
-  want = std::min(want, host_mem_limit() / 2);
+void host_pool_prefill(int device, size_t page_size, size_t reserve_bytes) {
+  size_t want = std::min(reserve_bytes, host_mem_limit() / 2);
   want = want / page_size * page_size;
   auto& p = host_pool();
   {
