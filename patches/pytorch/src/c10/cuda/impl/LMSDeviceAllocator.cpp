@@ -38,24 +38,30 @@ size_t DeviceLms::device_bytes() const {
 // was made with, so segments made before LMS was switched on keep upstream's
 // page, and host pages of LMS's own size would not serve their spill.
 // * A reserve set by the user (lms_host_reserve_mb): filling starts once
-//   device use reaches 3/4 of what LMS may use.
+//   device use reaches 3/4 of `cap`, what LMS may use (prefill).
 // * Automatic: nothing is made before LMS has moved something, so a job that
 //   fits holds no host pages; from then on the idle reserve follows the most
-//   LMS has held on the host, up to 1/8 of what LMS may use, so the next,
-//   larger spill finds its pages made.
+//   LMS has held on the host, up to 1/8 of `cap`, so the next, larger spill
+//   finds its pages made (follow_host_bytes, after each spill).
 void DeviceLms::prefill(size_t want, size_t cap) {
   const size_t setting = host_reserve_setting();
+  if (setting == kAutoHostReserve || prefill_asked_ ||
+      device_bytes() + want < cap / 4 * 3) {
+    return;
+  }
+  prefill_asked_ = true;
   const int dev = mover_.device();
-  if (setting != kAutoHostReserve) {
-    if (!prefill_asked_ && device_bytes() + want >= cap / 4 * 3) {
-      prefill_asked_ = true;
-      host_pool_prefill(dev, hooks_.busiest_large_page(dev), setting);
-    }
+  host_pool_prefill(dev, hooks_.busiest_large_page(dev), setting);
+}
+
+void DeviceLms::follow_host_bytes(size_t cap) {
+  if (host_reserve_setting() != kAutoHostReserve) {
     return;
   }
   const size_t reserve = std::min(host_bytes(), cap / 8);
   if (reserve > reserve_asked_) {
     reserve_asked_ = reserve;
+    const int dev = mover_.device();
     host_pool_prefill(dev, hooks_.busiest_large_page(dev), reserve);
   }
 }
@@ -83,8 +89,9 @@ size_t DeviceLms::release_free() {
 }
 
 // Moves least recently allocated device pages to host until `need` bytes of
-// device memory are released. Returns the bytes released.
-size_t DeviceLms::swap_out(size_t need) {
+// device memory are released, under `cap` (what LMS may use: the automatic
+// host reserve follows what moved). Returns the bytes released.
+size_t DeviceLms::swap_out(size_t need, size_t cap) {
   auto pages = hooks_.movable_pages(/*on_host=*/false);
   std::sort(pages.begin(), pages.end(), [](const PageRef& a, const PageRef& b) {
     return a.tick < b.tick;
@@ -117,6 +124,9 @@ size_t DeviceLms::swap_out(size_t need) {
   }
   attempt_.swapped += out.released;
   attempt_.host_exhausted = out.host_exhausted;
+  if (out.released > 0) {
+    follow_host_bytes(cap);
+  }
   return out.released;
 }
 
@@ -185,8 +195,7 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
       size_t rel = release_free();
       attempt_.released += rel;
       if (rel < over) {
-        reclaimed = swap_out(over - rel) > 0;
-        prefill(want, cap);
+        reclaimed = swap_out(over - rel, cap) > 0;
       }
     }
     if (device_bytes() + want > lim) {
@@ -212,10 +221,9 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   // pages freed are not where the new mapping lands)
   size_t need = want;
   for (int round = 0; round < 4; ++round) {
-    if (swap_out(need) == 0) {
+    if (swap_out(need, cap) == 0) {
       break;
     }
-    prefill(want, cap);
     if (hooks_.alloc_block(/*is_retry=*/true)) {
       stat_add(dev, kAllocLmsReclaim, 1);
       return true;
