@@ -157,7 +157,7 @@ def child(args):
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
         from lms_swap_loader import load_lms_allocator
-        alloc = load_lms_allocator()
+        alloc = load_lms_allocator(args.allocator_settings or None)
     cap = device_cap.apply(torch)
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
@@ -381,6 +381,9 @@ def main():
     ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an lms_swap tunable for the lms mode (repeatable), e.g. "
                          "device_limit_fraction=0.95")
+    ap.add_argument("--allocator-settings", default="", metavar="SETTINGS",
+                    help="the pluggable modes' allocator LMS settings, as "
+                         "lms_swap.allocator.enable takes them (e.g. 'lms_defrag:True')")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
     ap.add_argument("--save-on-cpu-timeout", type=float, default=None,
                     help="seconds per save_on_cpu configuration (default: --timeout; it was "
@@ -488,6 +491,8 @@ def main():
                             argv += ["--prefetch-depth", str(args.prefetch_depth)]
                         for opt in args.lms_option:
                             argv += ["--lms-option", opt]
+                        if args.allocator_settings:
+                            argv += ["--allocator-settings", args.allocator_settings]
                         cap = args.timeout
                         if mode == "save_on_cpu" and args.save_on_cpu_timeout:
                             cap = args.save_on_cpu_timeout

@@ -121,7 +121,7 @@ def child(args):
     if args.mode.startswith("pluggable"):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
         from lms_swap_loader import load_lms_allocator
-        alloc = load_lms_allocator()
+        alloc = load_lms_allocator(args.allocator_settings or None)
     cap = device_cap.apply(torch)
     if cap:
         result["device_cap"] = cap
@@ -356,6 +356,9 @@ def main():
                          "(default: all of --scales)")
     ap.add_argument("--base-batch", action="append", default=[], metavar="LOOP=N",
                     help="stock's largest batch for LOOP, found earlier (default: searched)")
+    ap.add_argument("--allocator-settings", default="", metavar="SETTINGS",
+                    help="the pluggable modes' allocator LMS settings, as "
+                         "lms_swap.allocator.enable takes them (e.g. 'lms_defrag:True')")
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations among them")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
@@ -440,6 +443,8 @@ def main():
                        "base_batch": base, "commit": commit, "machine": mach,
                        "torch": torch.__version__, "command": cmd, "steps_asked": args.steps,
                        "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
+                if mode.startswith("pluggable") and args.allocator_settings:
+                    row["allocator_settings"] = args.allocator_settings
                 if remaining() < 30:
                     row["status"] = "not run (time budget)"
                     finish(row, None)
@@ -448,7 +453,8 @@ def main():
                 # (Stopped) ends it: a cut run is recorded as far as it ran
                 run_process([sys.executable, __file__, "--child", "--loop", name,
                              "--mode", mode, "--batch", str(batch),
-                             "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                             "--steps", str(args.steps), "--warmup", str(args.warmup),
+                             "--allocator-settings", args.allocator_settings],
                             min(args.timeout, remaining()), guard, log, env,
                             on_result=lambda r, row=row: finish(row, r))
     records = [json.loads(x) for x in open(record) if x.strip()]
