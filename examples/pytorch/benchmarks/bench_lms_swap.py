@@ -190,12 +190,25 @@ def child(args):
         per_step = []
         t_start = time.perf_counter()
 
-        def policy_counters():
-            """lms_swap's running counters after a step (read outside any timing)."""
-            if not lms:
+        def allocator_counters():
+            """The pluggable allocator's running page moves and layout after a step: where
+            a step starts to move pages, whether its segments or their mapping grew first."""
+            if not alloc:
                 return {}
+            st, ms = alloc.lms_stats(), alloc.memory_stats()
+            out = {f"alloc.{k}": st.get(k) for k in (
+                "swap_out_bytes", "reclaim_events", "defrag_released_bytes")}
+            out.update({f"alloc.{k}": ms.get(k) for k in (
+                "device_reserved_bytes", "reserved_bytes", "cached_free_bytes", "segments")})
+            return out
+
+        def policy_counters():
+            """lms_swap's running counters after a step (read outside any timing), and the
+            pluggable allocator's."""
+            if not lms:
+                return allocator_counters()
             st = lms.stats()
-            return {k: st.get(k) for k in (
+            return {**allocator_counters(), **{k: st.get(k) for k in (
                 "swap.out_bytes", "swap.in_bytes", "swap.fetched_on_demand",
                 "guard.evicted_bytes", "swap.guard_fetched",
                 "swap.prefetched", "swap.planned_count", "swap.reactive_count",
@@ -209,7 +222,7 @@ def child(args):
                 # what the allocator held when the net last caught an error
                 "guard.ooms_caught", "guard.shared_skipped", "guard.last_oom_request",
                 "guard.last_oom_allocated", "guard.last_oom_reserved",
-                "guard.last_oom_inactive_split", "guard.last_oom_device_free")}
+                "guard.last_oom_inactive_split", "guard.last_oom_device_free")}}
 
         def record(kind, t0):
             rec = {"kind": kind, "s": round(time.perf_counter() - t0, 3),
