@@ -9,6 +9,18 @@
 
 namespace lms_pluggable {
 
+namespace {
+
+// The alignment of a segment's address range: every page starts on a multiple
+// of the page from the range's start, so the range needs only the largest power
+// of two that divides the page (the driver refuses an alignment that is not a
+// power of two, such as stock's 20 MiB page).
+size_t range_alignment(size_t page) {
+  return page & (~page + 1);
+}
+
+} // namespace
+
 namespace lms = c10::cuda::CUDACachingAllocator::lms;
 using c10::cuda::DriverAPI;
 
@@ -39,7 +51,7 @@ Block* Segments::make(
   seg->size = size;
   const size_t n = size / page;
   C10_CUDA_DRIVER_CHECK(
-      api->cuMemAddressReserve_(&seg->base, size, page, 0, 0));
+      api->cuMemAddressReserve_(&seg->base, size, range_alignment(page), 0, 0));
   // undoes what was made (the first `mapped` pages are mapped)
   auto undo = [&](size_t mapped) {
     for (size_t i = 0; i < seg->handles.size(); ++i) {
@@ -89,7 +101,7 @@ Block* Segments::reserve(size_t size, size_t page, cudaStream_t stream) {
   seg->size = size;
   seg->expandable = true;
   C10_CUDA_DRIVER_CHECK(
-      DriverAPI::get()->cuMemAddressReserve_(&seg->base, size, page, 0, 0));
+      DriverAPI::get()->cuMemAddressReserve_(&seg->base, size, range_alignment(page), 0, 0));
   seg->handles.assign(size / page, 0);
   return add(std::move(seg), stream, /*mapped=*/false);
 }

@@ -32,8 +32,13 @@ CHUNK = 256 * MiB  # one tensor: several 64 MiB pages
 
 
 def _enable(limit_mib=None):
+    """The allocator installed with LMS on, under ``limit_mib`` where given, with the
+    settings of ``LMS_WORKER_SETTINGS`` besides (a scenario under another page, say)."""
     from lms_swap import allocator
-    allocator.enable(f"lms_limit_mb:{limit_mib}" if limit_mib else None)
+    settings = [f"lms_limit_mb:{limit_mib}"] if limit_mib else []
+    if os.environ.get("LMS_WORKER_SETTINGS"):
+        settings.append(os.environ["LMS_WORKER_SETTINGS"])
+    allocator.enable(",".join(settings) or None)
     return allocator
 
 
@@ -62,7 +67,8 @@ def bytes_intact(limit_mib, total_mib):
     after = alloc.lms_stats()
     return {"tensors": len(kept) * 2, "bad": bad, "bad_after_frees": bad_after,
             "swap_out_bytes": out.get("swap_out_bytes"), "host_bytes_peak": out.get("host_bytes.peak"),
-            "swap_in_bytes": after.get("swap_in_bytes"), "memory": alloc.memory_stats()}
+            "swap_in_bytes": after.get("swap_in_bytes"), "page": after.get("page_bytes.large"),
+            "memory": alloc.memory_stats()}
 
 
 def foreign(limit_mib):

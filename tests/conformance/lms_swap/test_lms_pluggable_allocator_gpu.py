@@ -62,9 +62,13 @@ def test_the_library_uses_the_processs_cxx_runtime():
 
 
 # PyTorch's allocator settings the allocator follows: its own segment per large request, and
-# one growing range per stream (expandable_segments)
+# one growing range per stream (expandable_segments); each also with stock's 20 MiB page, which
+# is no power of two (a segment's address range is aligned to a power of two that divides it)
 SEGMENTS = {"fixed": {"PYTORCH_CUDA_ALLOC_CONF": ""},
-            "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+            "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+            "fixed-20mib": {"PYTORCH_CUDA_ALLOC_CONF": "", "LMS_WORKER_SETTINGS": "lms_page_mb:20"},
+            "expandable-20mib": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                                 "LMS_WORKER_SETTINGS": "lms_page_mb:20"}}
 
 
 @pytest.mark.parametrize("segments", sorted(SEGMENTS))
@@ -76,6 +80,8 @@ def test_every_byte_survives_twice_the_limit(segments):
     assert r["swap_out_bytes"] >= 7 * 2**30, r
     assert r["host_bytes_peak"] >= 7 * 2**30, r
     assert 0 < r["memory"]["peak_device_reserved_bytes"] <= 8 * 2**30, r
+    if segments.endswith("20mib"):
+        assert r["page"] == 20 * 2**20, r
 
 
 @pytest.mark.parametrize("segments", sorted(SEGMENTS))
