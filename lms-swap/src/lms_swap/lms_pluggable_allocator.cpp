@@ -228,8 +228,14 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     C10_CUDA_CHECK(cudaStreamIsCapturing(req_->stream, &st));
     return st != cudaStreamCaptureStatusNone;
   }
+  // Unless lms_page_mb says otherwise: with expandable segments, PyTorch's own
+  // large page, so that a range is mapped in the steps stock maps it and a
+  // batch at stock's edge fits here as it fits stock (each partly used page
+  // is held whole: at 64 MiB, Llama at stock's largest batch moved pages every
+  // step); page moves pay more per byte at that page. Fixed segments take the
+  // larger automatic page, and segment_page cuts it to the request.
   size_t new_large_page(int device) const override {
-    return lms::large_page_bytes(device, kUpstreamLargePage, /*grow=*/true);
+    return lms::large_page_bytes(device, kUpstreamLargePage, /*grow=*/!expandable_);
   }
   bool alloc_block(bool /*is_retry*/) override {
     TORCH_INTERNAL_ASSERT(req_, "LMS pluggable allocator: no request");

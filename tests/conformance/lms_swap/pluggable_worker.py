@@ -28,7 +28,7 @@ put_on_path()
 import torch  # noqa: E402
 
 MiB = 1 << 20
-CHUNK = 256 * MiB  # one tensor: several 64 MiB pages
+CHUNK = 256 * MiB  # one tensor: several pages
 
 
 def _enable(limit_mib=None):
