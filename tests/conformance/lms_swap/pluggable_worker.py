@@ -209,7 +209,9 @@ def expand():
     del big, a, c, d
     torch.cuda.empty_cache()
     phases["empty"] = mem()
-    return {"phases": phases, "bad": bad, "swap_out_bytes": alloc.lms_stats().get("swap_out_bytes")}
+    st = alloc.lms_stats()
+    return {"phases": phases, "bad": bad, "swap_out_bytes": st.get("swap_out_bytes"),
+            "page": st.get("page_bytes.large")}
 
 
 def host_reserve(limit_mib):

@@ -133,14 +133,17 @@ def test_expandable_segments_reuse_freed_neighbours_and_unmap_on_release():
     """With expandable_segments: eight freed 1 GiB tensors serve one of 8 GiB with no new memory
     (each in a segment of its own, they cannot: reserved would double); empty_cache unmaps a
     freed hole between live tensors, a later tensor grows past them, every live tensor keeps
-    its bytes, and after the last free empty_cache leaves nothing reserved."""
+    its bytes, and after the last free empty_cache leaves nothing reserved.  Stock's 20 MiB
+    page does not divide 1 GiB: the pages at the hole's two edges, partly under the live
+    tensors beside it, stay mapped."""
     GiB = 2**30
     r = _run("expand", env=SEGMENTS["expandable"])
     ph = r["phases"]
     assert r["bad"] == [] and not r["swap_out_bytes"], r
     assert ph["eight"]["reserved_bytes"] >= 8 * GiB, ph
     assert ph["big"]["reserved_bytes"] == ph["eight"]["reserved_bytes"], ph
-    assert ph["hole_unmapped"]["reserved_bytes"] <= ph["big"]["reserved_bytes"] + 2 * GiB, ph
+    assert (ph["hole_unmapped"]["reserved_bytes"]
+            <= ph["big"]["reserved_bytes"] + 2 * GiB + 2 * r["page"]), r
     assert ph["grown"]["reserved_bytes"] >= ph["hole_unmapped"]["reserved_bytes"] + 2 * GiB - 2**27, ph
     assert ph["empty"]["reserved_bytes"] < GiB // 8, ph
     fixed = _run("expand", env=SEGMENTS["fixed"])
