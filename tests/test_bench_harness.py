@@ -429,18 +429,24 @@ def test_per_step_traces_are_kept_apart(tmp_path):
 
 
 def test_a_run_cut_after_its_result_keeps_it_and_one_cut_before_does_not(tmp_path):
-    """The loops bench: a child that printed its result and was then cut by the timeout (while
-    exiting) is that result, marked; one cut before printing it stays a timeout."""
-    children, bench = _import("children"), _import("bench_loops")
+    """Both benches: a child that printed its result and was then cut by the timeout (while
+    exiting) is that result, marked (and said so in the zoo's table); one cut before printing
+    it stays a timeout."""
+    children, zoo_report = _import("children"), _import("zoo_report")
     log = open(tmp_path / "log.txt", "w", buffering=1)
     done = ('echo \'RESULT {"loop": "varlen-decoder", "status": "ok", "steps": [1, 2]}\'; '
             "exec sleep 60")
-    r = bench.finished_before_cut(children.run_process(["bash", "-c", done], 3, 0, log), "varlen-decoder")
+    r = children.finished_before_cut(children.run_process(["bash", "-c", done], 3, 0, log),
+                                     "loop", "varlen-decoder")
     assert r["status"] == "ok" and r["steps"] == [1, 2], r
     assert r["cut_after_result"].startswith("timeout") and "wall_s" in r and "results" not in r
-    cut = bench.finished_before_cut(children.run_process(["bash", "-c", "exec sleep 60"], 3, 0, log),
-                                    "varlen-decoder")
+    cut = children.finished_before_cut(children.run_process(["bash", "-c", "exec sleep 60"], 3, 0,
+                                                            log), "loop", "varlen-decoder")
     assert cut["status"].startswith("timeout") and "cut_after_result" not in cut, cut
+    row = {"model": "llama", "scale": 1.5, "batch": 27, "mode": "pluggable", "status": "ok",
+           "units_per_s": 1.0, "unit": "tok/s", "step_s": 4.0, "cut_after_result": "timeout (70s)"}
+    [line] = zoo_report.table_rows([row])
+    assert "| ok (timeout hit while it exited, after its result) |" in line, line
 
 
 def test_a_loops_row_cut_by_the_timeout_says_how_far_it_ran(tmp_path):

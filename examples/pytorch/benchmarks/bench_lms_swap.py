@@ -309,12 +309,22 @@ def run_child(argv, timeout, guard_bytes, log, on_result=None):
     if ALLOC_CONF:
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
 
+    model = argv[argv.index("--model") + 1] if "--model" in argv else None
+    settled = {}
+
     def got(res):
-        res.pop("results", None)  # one process: its RESULT is the row itself
+        # one process: its RESULT is the row itself, also where the timeout hit a
+        # configuration's child while it exited
+        if model is None:
+            res.pop("results", None)
+            settled.update(res)
+        else:
+            settled.update(children.finished_before_cut(res, "model", model))
         if on_result is not None:
-            on_result(res)
-    return run_process([sys.executable, __file__, "--child"] + argv, timeout, guard_bytes,
-                       log, env, on_result=got)
+            on_result(settled)
+    run_process([sys.executable, __file__, "--child"] + argv, timeout, guard_bytes, log, env,
+                on_result=got)
+    return settled
 
 
 def search_max_batch(model, args, log, lo, hi):

@@ -42,7 +42,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))
 
-from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
+from children import (finished_before_cut, install_stop_handlers, peak_rss,  # noqa: E402
+                      run_process)
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
 import device_cap  # noqa: E402
@@ -262,20 +263,6 @@ def _in_bytes(s):
     return s.get("swap.in_bytes", 0) + s.get("alloc.swap_in_bytes", 0)
 
 
-def finished_before_cut(r, loop):
-    """The child's own result where the harness's timeout (or a stop of the bench) cut it
-    after it printed that result (while the process was exiting): every iteration it was
-    asked for ran, so the run is a result, marked ``cut_after_result``; else ``r`` as it
-    came."""
-    done = [x for x in r.pop("results", None) or [] if x.get("loop") == loop]
-    if not (str(r.get("status", "")).startswith(("timeout", "stopped")) and done):
-        return r
-    out = dict(done[-1])
-    out.update({k: r[k] for k in ("wall_s", "min_mem_available", "returncode") if k in r})
-    out["cut_after_result"] = r["status"]
-    return out
-
-
 def write_table(path, records):
     """The table of every record, one section per commit, the newest first."""
     head = [
@@ -403,7 +390,7 @@ def main():
         """Completes one configuration's row from its child's result ``r``, appends it to
         the record and prints it (run as soon as the result is known: see run_process)."""
         if r is not None:
-            r = finished_before_cut(r, row["loop"])
+            r = finished_before_cut(r, "loop", row["loop"])
             row.update({k: v for k, v in r.items() if k not in row})
         if row["mode"] == "stock" and row["scale"] == 1.0 and row.get("status") == "ok":
             stock_rows[row["loop"]] = row

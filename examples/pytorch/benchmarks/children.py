@@ -121,6 +121,21 @@ def run_process(cmd: List[str], timeout: float, guard_bytes: int, log,
         _RUNNING.discard(p.pid)
 
 
+def finished_before_cut(r: dict, key: str, value) -> dict:
+    """The child's own result where the harness's timeout (or a stop of the benchmark) cut
+    it after it printed that result (while the process was exiting, which takes seconds
+    for one that pinned tens of GB): every step it was asked for ran, so the run is a
+    result, marked ``cut_after_result``; else ``r`` as it came.  Its result is the last of
+    ``r["results"]`` whose ``key`` is ``value`` (a configuration's loop or model)."""
+    done = [x for x in r.pop("results", None) or [] if x.get(key) == value]
+    if not (str(r.get("status", "")).startswith(("timeout", "stopped")) and done):
+        return r
+    out = dict(done[-1])
+    out.update({k: r[k] for k in ("wall_s", "min_mem_available", "returncode") if k in r})
+    out["cut_after_result"] = r["status"]
+    return out
+
+
 def _records(lines: List[str], tag: str) -> List[dict]:
     """The JSON records of the lines that start with ``tag`` (a line garbled by two
     processes writing at once is skipped, not fatal to the parent)."""

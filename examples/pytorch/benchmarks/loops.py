@@ -13,6 +13,11 @@ ckpt-decoder     zoo.py's Llama (12 layers, d=2048, seq 2048) with Hugging Face'
                  ``gradient_checkpointing_enable()`` (its defaults)
 ckpt-some        the same with torch.utils.checkpoint (non-reentrant) on every other layer
                  only (a user checkpointing what does not fit)
+ckpt-logprobs    ckpt-decoder with the loss preference and RL fine-tuning code computes:
+                 per-token log-probabilities, ``log_softmax`` over the fp32 logits and a
+                 ``gather`` (no ``F.cross_entropy``, so no swapper's loss chunking applies).
+                 Backward holds three fp32 tensors of the logits' size at once, beside the
+                 optimizer state that activation swapping cannot move
 varlen-decoder   the same Llama, no checkpointing; the sequence length changes every step
                  (dynamic padding: a cycle of six lengths up to 2048), an evaluation pass
                  under ``no_grad`` every 5th iteration and one with autograd on (no
@@ -44,6 +49,7 @@ VARLEN_CYCLE = (2048, 1024, 1536, 768, 1792, 1280)
 SEARCH = {
     "ckpt-decoder": (8, 512),
     "ckpt-some": (8, 64),
+    "ckpt-logprobs": (8, 512),
     "varlen-decoder": (1, 128),
     "vision-lastbatch": (32, 4096),
     "accum4": (8, 2048),
@@ -105,6 +111,24 @@ def _ckpt_decoder(batch, every_layer=True):
         _train(model, opt, lambda: model(input_ids=ids, labels=ids).loss, ctx)
         return "train", batch * 2048
     return Loop("ckpt-decoder" if every_layer else "ckpt-some", model, opt, step, "tok/s")
+
+
+def _ckpt_logprobs(batch):
+    model = _llama(batch)
+    model.gradient_checkpointing_enable()
+    model.train()
+    opt = _opt(model)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 2048), device=DEV, generator=_gen())
+
+    def loss_of():
+        logits = model(input_ids=ids).logits[:, :-1]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return -logp.gather(-1, ids[:, 1:, None]).mean()
+
+    def step(i, ctx):
+        _train(model, opt, loss_of, ctx)
+        return "train", batch * 2048
+    return Loop("ckpt-logprobs", model, opt, step, "tok/s")
 
 
 def _varlen_decoder(batch):
@@ -180,6 +204,8 @@ def _accum4(batch):
 def build(name: str, batch: int) -> Loop:
     if name in ("ckpt-decoder", "ckpt-some"):
         return _ckpt_decoder(batch, every_layer=name == "ckpt-decoder")
+    if name == "ckpt-logprobs":
+        return _ckpt_logprobs(batch)
     if name == "varlen-decoder":
         return _varlen_decoder(batch)
     if name in ("vision-lastbatch", "compiled", "compiled-blocks"):

@@ -79,6 +79,8 @@ def table_rows(results):
             status += f" after {r['steps_done']} steps"
         elif not ok and r.get("error"):
             status += ": " + r["error"].strip().splitlines()[-1][:80].replace("|", "/")
+        if r.get("cut_after_result"):
+            status += " (timeout hit while it exited, after its result)"
         rows.append("| " + " | ".join([
             r["model"], f"{r['scale']}x", str(r["batch"]), r["mode"], status, thr, rel,
             f"{r['step_s']:.3f}" if ok else "-",
