@@ -114,6 +114,8 @@ def lms_tree(upstream_repo, tmp_path_factory):
 # GPU runners to archive next to the junit XML.
 
 _results: list[dict] = []
+_deselected: list[str] = []
+_started: list[float] = []
 
 
 def _record_result(report):
@@ -129,7 +131,21 @@ def pytest_runtest_logreport(report):
     _record_result(report)
 
 
+def pytest_deselected(items):
+    _deselected.extend(item.nodeid for item in items)
+
+
+def pytest_sessionstart(session):
+    import time
+    _started.append(time.monotonic())
+
+
 def pytest_sessionfinish(session, exitstatus):
+    import time
+    from tests import suite_record
+    # --suite-record: the same outcomes as one line of a record (tests/suite_record.py)
+    suite_record.write(session.config, _results, _deselected, exitstatus,
+                       time.monotonic() - _started[0] if _started else 0.0)
     path = os.environ.get("LMS_CONFORMANCE_REPORT")
     if not path:
         return
@@ -181,6 +197,8 @@ def skip_kind(reason: str) -> str | None:
 
 
 def pytest_addoption(parser):
+    from tests import suite_record
+    suite_record.add_options(parser)
     parser.addoption("--no-unexpected-skips", action="store_true", default=False,
                      help="a skip whose reason is not an allowed one (gpu, no-wheel, tag) is a failure "
                           "(on by default when LMS_CONFORMANCE_REPORT is set: `make conformance`)")
@@ -203,6 +221,8 @@ def _selects_gpu_only(markexpr: str) -> bool:
 
 
 def pytest_configure(config):
+    from tests import suite_record
+    suite_record.check(config)
     gpu_requirements.GPU_RUN = _selects_gpu_only(config.option.markexpr) or bool(os.environ.get("LMS_CONFORMANCE_REPORT"))
 
 

@@ -201,6 +201,10 @@ def tf_rows(group: list) -> list:
                     bw.append(f"{how}{page}round {m.group(2)}: {float(m.group(6)):.2f} / {float(m.group(7)):.2f}")
             rows.append([cell(r.get("run")), cell(log), cell("; ".join(res)),
                          str(sum("[       OK ]" in x for x in lines)), cell("; ".join(bw))])
+        py = r.get("pytest")
+        if not r.get("logs") and isinstance(py, dict) and py.get("line"):  # --suite-record's
+            failed = f"; failed: {', '.join(py['failed'])}" if py.get("failed") else ""
+            rows.append([cell(r.get("run")), "pytest", cell(py["line"] + failed), "-", "-"])
     return rows
 
 
