@@ -11,9 +11,11 @@ address (kernels then reach them over PCIe) and come back when memory is freed. 
     lms_swap.allocator.lms_stats()     # what moved
 
 It follows PyTorch's ``expandable_segments`` setting (``PYTORCH_CUDA_ALLOC_CONF`` or
-``PYTORCH_ALLOC_CONF``): on, large requests grow one address range per stream and free pages
-are unmapped on release, as the native allocator does with that setting; off, each large
-request gets a segment of its own, as the native allocator's default does.
+``PYTORCH_ALLOC_CONF``): on, large requests grow one address range per stream, mapped in
+PyTorch's own 20 MiB pages, and free pages are unmapped on release, as the native allocator
+does with that setting; off, each large request gets a segment of its own (of 64 MiB pages
+on a card of 16 GiB or more, cut to the request), as the native allocator's default does.
+``lms_page_mb`` sets the page for both.
 
 Limits of the pluggable interface, against the patched build: ``torch.cuda.memory_allocated``
 and the other caching-allocator statistics raise (PyTorch asks them of its native allocator
