@@ -5,8 +5,9 @@ by hand from its log:
     python -m pytest -m gpu tests/conformance/pytorch_allocator --suite-record OUT.jsonl \
         --suite-record-data $LMS_PT_RESULTS --suite-record-field tag=v2.6.0
 
-The line holds what the benchmarks' records hold (``run`` and ``commit`` from ``LMS_RUN`` and
-``LMS_COMMIT`` where set, else git's; date, machine, torch, the command) and the suite's
+The line starts as every benchmark record does (records.py's header: ``run`` and ``commit``
+from ``LMS_RUN`` and ``LMS_COMMIT`` where set, else git's; date, machine, torch), then the
+command and the suite's
 verdict: every test passed, failed, skipped (with its reason), xfailed or deselected, and a
 summary line.  ``--suite-record-data DIR``: the JSON files the suite wrote there go in as
 ``tests`` (by file stem), as the allocator tables (record_tables.py) read them.
@@ -15,12 +16,9 @@ tests/conftest.py collects the outcomes (the same ones its conformance report ho
 calls :func:`write` at the end of the session."""
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import shlex
-import shutil
-import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -57,33 +55,16 @@ def _fields(items: List[str]) -> Dict[str, str]:
     return out
 
 
-def _output(cmd: List[str]) -> Optional[str]:
-    if not shutil.which(cmd[0]):
-        return None
+def _records():
+    """examples/pytorch/benchmarks/records.py: the header (run, date, commit, machine, torch)
+    and the append every benchmark record is written with."""
+    bench = str(Path(__file__).resolve().parent.parent / "examples" / "pytorch" / "benchmarks")
+    sys.path.insert(0, bench)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def _machine() -> Dict[str, Any]:
-    out = _output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                   "--format=csv,noheader,nounits"])
-    if not out:
-        return {"gpu": None}
-    lines = out.splitlines()
-    name, driver, mib = (x.strip() for x in lines[0].split(","))
-    count = f"{len(lines)}x " if len(lines) > 1 else ""
-    return {"gpu": f"{count}{name}, {driver}", "memory_mib": int(mib)}
-
-
-def _torch() -> Optional[str]:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.__version__
+        import records
+    finally:
+        sys.path.remove(bench)
+    return records
 
 
 def _data(folder: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -106,6 +87,7 @@ def write(config, results: List[dict], deselected: List[str], exitstatus: int,
     path = config.getoption("--suite-record")
     if not path:
         return
+
     def name(nodeid: str) -> str:
         return nodeid.split("::", 1)[-1]
 
@@ -116,12 +98,9 @@ def write(config, results: List[dict], deselected: List[str], exitstatus: int,
                                           ("skipped", skipped), ("deselected", deselected),
                                           ("xfailed", by["xfailed"]), ("xpassed", by["xpassed"]))
               if v]
+    records = _records()
     rec: Dict[str, Any] = {
-        "run": os.environ.get("LMS_RUN"),
-        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-        "commit": os.environ.get("LMS_COMMIT") or _output(["git", "rev-parse", "--short", "HEAD"]),
-        "machine": _machine(), "torch": _torch(),
-        **_fields(config.getoption("--suite-record-field")),
+        **records.header(), **_fields(config.getoption("--suite-record-field")),
         "command": "python -m pytest " + shlex.join(map(str, config.invocation_params.args)),
         "pytest": {**by, "skipped": skipped, "deselected": [name(d) for d in deselected],
                    "exit": int(exitstatus),
@@ -130,6 +109,4 @@ def write(config, results: List[dict], deselected: List[str], exitstatus: int,
     tests = _data(config.getoption("--suite-record-data"))
     if tests is not None:
         rec["tests"] = tests
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:  # one write of one line: a reader never sees half of it
-        f.write(json.dumps(rec) + "\n")
+    records.append(path, rec)

@@ -66,10 +66,15 @@ def today() -> str:
 
 
 def header(run=None) -> dict:
-    """The fields every new record starts with (run id from LMS_RUN where given)."""
-    import torch
+    """The fields every new record starts with (run id from LMS_RUN where given; torch
+    None where it is not installed, as on a TensorFlow suite's runner)."""
+    try:
+        import torch
+        version = torch.__version__
+    except ImportError:
+        version = None
     return {"run": run or os.environ.get("LMS_RUN"), "date": today(), "commit": commit(),
-            "machine": machine(), "torch": torch.__version__}
+            "machine": machine(), "torch": version}
 
 
 def append(path, record: dict) -> None:
