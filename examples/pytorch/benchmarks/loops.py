@@ -93,42 +93,38 @@ def _llama(batch):
     return model
 
 
-def _ckpt_decoder(batch, every_layer=True):
+def _hf_loss(model, ids):
+    return model(input_ids=ids, labels=ids).loss
+
+
+def _logprob_loss(model, ids):
+    """Per-token log-probabilities as preference and RL fine-tuning code takes them."""
+    logits = model(input_ids=ids).logits[:, :-1]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(-1, ids[:, 1:, None]).mean()
+
+
+def _ckpt_decoder(name, batch):
+    """ckpt-decoder, ckpt-some or ckpt-logprobs: which layers are checkpointed, and how
+    the loss is taken."""
     model = _llama(batch)
-    if every_layer:
-        model.gradient_checkpointing_enable()
-    else:
+    if name == "ckpt-some":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             checkpoint_wrapper)
         layers = model.model.layers
         for i in range(0, len(layers), 2):
             layers[i] = checkpoint_wrapper(layers[i])
+    else:
+        model.gradient_checkpointing_enable()
     model.train()
     opt = _opt(model)
     ids = torch.randint(0, model.config.vocab_size, (batch, 2048), device=DEV, generator=_gen())
+    loss = _logprob_loss if name == "ckpt-logprobs" else _hf_loss
 
     def step(i, ctx):
-        _train(model, opt, lambda: model(input_ids=ids, labels=ids).loss, ctx)
+        _train(model, opt, lambda: loss(model, ids), ctx)
         return "train", batch * 2048
-    return Loop("ckpt-decoder" if every_layer else "ckpt-some", model, opt, step, "tok/s")
-
-
-def _ckpt_logprobs(batch):
-    model = _llama(batch)
-    model.gradient_checkpointing_enable()
-    model.train()
-    opt = _opt(model)
-    ids = torch.randint(0, model.config.vocab_size, (batch, 2048), device=DEV, generator=_gen())
-
-    def loss_of():
-        logits = model(input_ids=ids).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        return -logp.gather(-1, ids[:, 1:, None]).mean()
-
-    def step(i, ctx):
-        _train(model, opt, loss_of, ctx)
-        return "train", batch * 2048
-    return Loop("ckpt-logprobs", model, opt, step, "tok/s")
+    return Loop(name, model, opt, step, "tok/s")
 
 
 def _varlen_decoder(batch):
@@ -202,10 +198,8 @@ def _accum4(batch):
 
 
 def build(name: str, batch: int) -> Loop:
-    if name in ("ckpt-decoder", "ckpt-some"):
-        return _ckpt_decoder(batch, every_layer=name == "ckpt-decoder")
-    if name == "ckpt-logprobs":
-        return _ckpt_logprobs(batch)
+    if name in ("ckpt-decoder", "ckpt-some", "ckpt-logprobs"):
+        return _ckpt_decoder(name, batch)
     if name == "varlen-decoder":
         return _varlen_decoder(batch)
     if name in ("vision-lastbatch", "compiled", "compiled-blocks"):
