@@ -111,6 +111,67 @@ def test_a_dropped_forward_the_net_rescued_at_the_base_raises_the_plan(
     assert st.plan == 12 * MiB and forecast.counts["abandoned_rescues"] == 1
 
 
+class _Meter:
+    """Stands in for a pluggable allocator's running peak (no eviction net): the level
+    the allocator counts, its highest since the last mark, and nothing released."""
+
+    def __init__(self):
+        self.level = self.mark = self.peak = 0
+
+    def to(self, level):
+        self.level = level
+        self.peak = max(self.peak, level)
+
+    def mark_peak(self, index):
+        self.mark = self.peak = self.level
+
+    def peak_growth(self, index):
+        return self.peak - self.mark
+
+    def released(self, index):
+        return 0
+
+
+def test_without_the_net_an_allocators_running_peak_measures_each_backward(m):
+    """Under a pluggable allocator (no net), backward's peak comes from the allocator's
+    running peak, marked at backward's start: a step that swapped more and needed less
+    lowers the margin to its own need.  The program's peak (the first step's 90 MiB) would
+    have kept the margin where the first step left it."""
+    from lms_swap.forecast import StepForecast
+    meter = _Meter()
+    forecast = StepForecast(m.SwapConfig(device_type="cpu", policy="auto",
+                                         device_limit=100 * MiB, min_margin=MiB),
+                            guard=lambda: None, allocated_of=lambda st: meter.level,
+                            meter=lambda: meter)
+    st = m.DevState(0)
+    st.largest = 10 * MiB
+
+    def step(forward_peak, forward_end, backward_peak):
+        st.saved, st.rec_off = 40 * MiB, [0]
+        meter.to(forward_peak)
+        meter.to(forward_end)
+        forecast.begin_backward(st)                 # marks the running peak
+        meter.to(backward_peak)
+        meter.to(0)
+        forecast.begin_forward(st)                  # learns from the backward that ended
+
+    step(90 * MiB, 60 * MiB, 80 * MiB)              # backward's own need: 20 MiB
+    assert st.bwd_peak == 80 * MiB
+    assert st.k == pytest.approx(20 * 1.05 / 10)
+    step(50 * MiB, 30 * MiB, 45 * MiB)              # more swapped, 15 MiB needed
+    assert st.bwd_peak == 45 * MiB
+    assert st.k == pytest.approx(15 * 1.05 / 10)
+
+
+def test_the_forecast_measures_by_the_nets_running_peak_where_it_is_armed(m):
+    """With the net armed, its running peak is the one marked (no meter given)."""
+    from lms_swap.forecast import StepForecast
+    net = _Net2()
+    forecast = StepForecast(m.SwapConfig(device_type="cpu", policy="auto"), guard=lambda: net,
+                            allocated_of=lambda st: 0)
+    assert forecast._meter() is net
+
+
 def test_the_swapper_tells_the_forecast_which_forwards_were_dropped(m):
     from torch import nn
     torch.manual_seed(0)

@@ -13,16 +13,19 @@ highest value read here.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["allocated", "reserved", "peak_allocated", "counted_by_allocator", "use_counters"]
+__all__ = ["allocated", "reserved", "peak_allocated", "counted_by_allocator", "use_counters",
+           "use_peak_meter", "peak_meter"]
 
 _counted: Dict[int, bool] = {}      # device -> its allocator keeps counters
 _driver_peak: Dict[int, int] = {}   # device -> highest in-use value read from the driver
 # device -> (allocated, reserved, peak allocated) of a pluggable allocator that counts
 _counters: Optional[Callable[[int], Tuple[int, int, int]]] = None
+# a pluggable allocator's running peak: mark_peak(i), peak_growth(i), released(i)
+_meter: Optional[Any] = None
 
 
 def use_counters(counters: Optional[Callable[[int], Tuple[int, int, int]]]) -> None:
@@ -31,6 +34,22 @@ def use_counters(counters: Optional[Callable[[int], Tuple[int, int, int]]]) -> N
     driver's view again)."""
     global _counters
     _counters = counters
+
+
+def use_peak_meter(meter: Optional[Any]) -> None:
+    """Makes ``meter`` the running peak of a pluggable allocator that keeps one (None:
+    none): ``mark_peak(index)`` sets it to the allocated bytes now, ``peak_growth(index)``
+    is the highest allocated since less that level, ``released(index)`` counts the times
+    it gave memory back to the driver.  The eviction net keeps the same three under the
+    native allocator; with neither, a backward's peak is only bounded from above by the
+    program's peak."""
+    global _meter
+    _meter = meter
+
+
+def peak_meter() -> Optional[Any]:
+    """The pluggable allocator's running peak given to :func:`use_peak_meter`, or None."""
+    return _meter
 
 
 def _in_use(index: int) -> int:

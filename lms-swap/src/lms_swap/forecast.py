@@ -48,18 +48,22 @@ def _allocator_cap(index: int, total: int) -> int:
 
 class StepForecast:
     """Limits, margin, plan and prefetch headroom, learned between steps, for the swapper that
-    owns it: ``config`` (its tunables), ``guard()`` (the eviction net, armed, or None) and
-    ``allocated_of(st)`` (a reading of the device allocation).  The swapper calls
+    owns it: ``config`` (its tunables), ``guard()`` (the eviction net, armed, or None),
+    ``allocated_of(st)`` (a reading of the device allocation) and ``meter()`` (a running
+    peak: ``mark_peak``, ``peak_growth`` and ``released`` of a device; the net's, or a
+    pluggable allocator's, or None; default: the net's).  The swapper calls
     :meth:`begin_forward` and :meth:`begin_backward` for each device at the phase boundaries,
     :meth:`enter_profile` at a forward's first save, :meth:`decide` for each tensor forward
     may swap and :meth:`backward_boundary` at each unpack of a swapped tensor.  Counts what it
     learned and what the net moved in ``counts``."""
 
     def __init__(self, config: Any, guard: Callable[[], Any],
-                 allocated_of: Callable[[DevState], int]) -> None:
+                 allocated_of: Callable[[DevState], int],
+                 meter: Optional[Callable[[], Any]] = None) -> None:
         self.config = config
         self._guard = guard
         self._allocated_of = allocated_of
+        self._meter = meter if meter is not None else guard
         self.reset()
 
     def reset(self) -> None:
@@ -238,21 +242,21 @@ class StepForecast:
             # piece in a fragmented cache, and a margin raised by the requests alone let
             # it fail in 9 of the next 10 steps, each costing a second.)
             bwd_evicted = self._net_evicted(st, "guard_backward_bytes")
-        guard = self._guard()
+        meter = self._meter()
         measured = None
         # the net had to help a backward that prefetched by the lesson: the lesson
         # was wrong, not the margin (its peak counts the prefetched bytes)
         overrun = bwd_evicted > 0 and st.bwd.used
         if overrun:
             self.counts["prefetch_lesson_overruns"] += 1
-        if guard is not None and st.index is not None and st.peak_marked:
+        if meter is not None and st.index is not None and st.peak_marked:
             # backward's own memory by position, for the next backward of this shape
             measured, st.bwd_lesson = st.bwd.end(
-                guard.peak_growth(st.index), bwd_evicted, self.limit(st),
+                meter.peak_growth(st.index), bwd_evicted, self.limit(st),
                 st.fwd_evicted)
             st.peak_marked = False
-        if guard is not None and st.index is not None:
-            released = guard.released(st.index)
+        if meter is not None and st.index is not None:
+            released = meter.released(st.index)
             moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
             st.slack = next_slack(st.slack, released > st.released_seen, moved,
                                   self.limit(st))
@@ -269,7 +273,7 @@ class StepForecast:
         if (st.index is not None and st.fwd_end is not None and st.largest
                 and self.config.adaptive_margin and self.config.margin is None
                 and not overrun):
-            # with the net, exact: the highest of its running peaks over backward's
+            # with a running peak, exact: the highest of its peaks over backward's
             # intervals (BackwardProfile.end above)
             peak, exact = ((int(measured), True) if measured is not None
                            else self._backward_peak(st))
@@ -288,10 +292,10 @@ class StepForecast:
                 st.reserve_k = next_reserve_factor(self.reserve_factor(st), peak,
                                                    self.limit(st))
             self.counts["margin_updates"] += 1
-        if guard is not None and st.index is not None and self.config.policy == "auto":
+        if meter is not None and st.index is not None and self.config.policy == "auto":
             # forward's own peak, read at backward's start (_forward_peak_over)
             st.fwd_base = self._allocated_of(st)
-            guard.mark_peak(st.index)
+            meter.mark_peak(st.index)
             st.fwd_marked = True
         st.fwd_end = None
         st.since_query = 1 << 30
@@ -337,7 +341,7 @@ class StepForecast:
                 self.counts["plan_base_raises"] += 1
 
     def _backward_peak(self, st: DevState) -> Tuple[int, bool]:
-        """Backward's peak where the net did not measure it: the program's
+        """Backward's peak where no running peak measured it: the program's
         ``max_memory_allocated``, which lms_swap must not reset: an older step's peak
         when this one set none, so only an upper bound (a first step at twice the
         memory held a UNet's margin at 28.5 GB for good)."""
@@ -346,21 +350,21 @@ class StepForecast:
     def backward_boundary(self, st: DevState, h: Any) -> None:
         """Backward unpacks swapped tensor ``h``: one interval of backward's memory ends
         and the next begins (:class:`~.backward_profile.BackwardProfile`)."""
-        guard = self._guard()
-        if guard is None or not st.bwd.recording or h.offset is None or st.index is None:
+        meter = self._meter()
+        if meter is None or not st.bwd.recording or h.offset is None or st.index is None:
             return
-        st.bwd.boundary(h.offset, guard.peak_growth(st.index), self._allocated_of(st))
-        guard.mark_peak(st.index)
+        st.bwd.boundary(h.offset, meter.peak_growth(st.index), self._allocated_of(st))
+        meter.mark_peak(st.index)
 
     def _forward_peak_over(self, st: DevState) -> Optional[int]:
         """How far this forward's peak went over what the allocator can have (negative:
-        under it), by the net's running peak since forward's start; None without the
-        net, or when forward's start was not marked."""
-        guard = self._guard()
-        if guard is None or not st.fwd_marked:
+        under it), by the running peak since forward's start; None without one, or
+        when forward's start was not marked."""
+        meter = self._meter()
+        if meter is None or not st.fwd_marked:
             return None
         st.fwd_marked = False
-        peak = st.fwd_base + int(guard.peak_growth(st.index))
+        peak = st.fwd_base + int(meter.peak_growth(st.index))
         return peak - self.cap(st)
 
     def _net_evicted(self, st: DevState, counter: str) -> int:
@@ -392,13 +396,13 @@ class StepForecast:
         if st.index is not None and self.config.policy == "auto":
             st.fwd_end = self._allocated_of(st)
             peak_over = self._forward_peak_over(st)
-            guard = self._guard()
-            if guard is not None:
-                guard.mark_peak(st.index)
+            meter = self._meter()
+            if meter is not None:
+                meter.mark_peak(st.index)
                 st.peak_marked = True
                 st.bwd.begin(st.fwd_end)
             else:
-                # without the net: the program's peak so far, which the next
+                # without a running peak: the program's peak so far, which the next
                 # forward compares backward's against (_backward_peak)
                 st.peak_before = device_memory.peak_allocated(st.index)
             st.prev_off = st.rec_off

@@ -108,6 +108,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     live_[b->ptr] = b;
     allocated_ += size;
     peak_allocated_ = std::max(peak_allocated_, allocated_);
+    running_peak_ = std::max(running_peak_, allocated_);
     peak_device_allocated_ =
         std::max(peak_device_allocated_, device_allocated());
     return b->ptr;
@@ -190,6 +191,21 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     segments_.reset_peak();
   }
 
+  // The running peak activation swapping marks at phase boundaries: it leaves
+  // the program's own peak (reset_peak) alone.
+  void mark_peak() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    mark_ = running_peak_ = allocated_;
+  }
+  size_t peak_growth() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return running_peak_ - mark_;
+  }
+  size_t released() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return released_;
+  }
+
   // ---- lms::impl::AllocatorHooks: segments ----
   size_t page_size(const void* seg) const override {
     return as_segment(seg)->page;
@@ -253,6 +269,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
         // the blocks' last users may still run: nothing is unmapped under them
         C10_CUDA_CHECK(cudaDeviceSynchronize());
         growth_.unmap(spans);
+        released_ += spans.size();
       }
     }
   }
@@ -275,6 +292,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
       free_.remove(s->first);
       segments_.release(s);
     }
+    released_ += idle.size();
   }
   std::string format_size(size_t bytes) const override {
     return format_bytes(bytes);
@@ -516,6 +534,9 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   size_t allocated_ = 0;
   size_t peak_allocated_ = 0;
   size_t peak_device_allocated_ = 0;
+  size_t mark_ = 0; // allocated_ at the last mark_peak
+  size_t running_peak_ = 0; // the highest allocated_ since then
+  size_t released_ = 0; // segments and spans of pages given back to the driver
   Request* req_ = nullptr;
   lms::impl::DeviceLms lms_{*this};
 };
@@ -590,6 +611,22 @@ void reset_peak(int device) {
   if (DeviceAllocator* a = device_allocator(device, false)) {
     a->reset_peak();
   }
+}
+
+void mark_peak(int device) {
+  if (DeviceAllocator* a = device_allocator(device, false)) {
+    a->mark_peak();
+  }
+}
+
+size_t peak_growth(int device) {
+  DeviceAllocator* a = device_allocator(device, false);
+  return a ? a->peak_growth() : 0;
+}
+
+size_t released(int device) {
+  DeviceAllocator* a = device_allocator(device, false);
+  return a ? a->released() : 0;
 }
 
 } // namespace lms_pluggable

@@ -35,5 +35,12 @@ bool record_stream(int device, void* ptr, cudaStream_t stream);
 void empty_cache(int device);
 Counters counters(int device);
 void reset_peak(int device);
+// A running peak apart from the program's: mark_peak sets it to the allocated
+// bytes now; peak_growth is the highest allocated since, less that level.
+void mark_peak(int device);
+size_t peak_growth(int device);
+// How many times segments or spans of pages went back to the driver (to serve
+// a request, or at empty_cache): each such release waits for the device.
+size_t released(int device);
 
 } // namespace lms_pluggable

@@ -112,6 +112,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     lms_pluggable::reset_peak(device);
     lms::reset_peak(device);
   });
+  // activation swapping's running peak and release count, which the eviction
+  // net gives it under the native allocator
+  m.def("mark_peak", &lms_pluggable::mark_peak);
+  m.def("peak_growth", &lms_pluggable::peak_growth);
+  m.def("released", &lms_pluggable::released);
   m.def("empty_cache", &empty_all);
   // the host budget activation swapping shares, and the LMS limit it aims under
   m.def("host_reserve", [](size_t bytes) { return lms::host_reserve(bytes); });

@@ -73,7 +73,7 @@ class ActivationSwapper:
         self._trace: List[tuple] = []
         self._t0 = time.perf_counter()
         self._tls = threading.local()  # per-thread stack of entered hooks
-        self._forecast = StepForecast(self.config, self._guard, self._allocated)
+        self._forecast = StepForecast(self.config, self._guard, self._allocated, self._meter)
         self._pacer = CopyPacer(self.config, self._forecast.limit, self._allocated,
                                 lambda: self._pass_id)
         self._prefetcher = Prefetcher(self.config, self._forecast, self._allocated,
@@ -162,6 +162,14 @@ class ActivationSwapper:
             held = self._pool.reserved if self._pool is not None else 0
             g = arm_guard(g, limit, held, minav)
         return g
+
+    def _meter(self) -> Any:
+        """The running peak the forecast measures backward by: the net's, else a pluggable
+        allocator's (:func:`~.device_memory.peak_meter`), else None."""
+        g = self._guard()
+        if g is not None:
+            return g
+        return device_memory.peak_meter() if self.config.device_type == "cuda" else None
 
     # -- context manager / hooks ---------------------------------------------------
     def __enter__(self) -> "ActivationSwapper":
