@@ -172,6 +172,27 @@ def test_the_forecast_measures_by_the_nets_running_peak_where_it_is_armed(m):
     assert forecast._meter() is net
 
 
+def test_under_the_lms_allocator_the_swapper_builds_no_net_and_measures_by_its_peak(
+        m, monkeypatch):
+    """With the LMS pluggable allocator installed (its running peak given to
+    device_memory), the swapper neither builds nor arms the eviction net, which could not
+    sit under it, and the forecast measures backward by the allocator's running peak."""
+    from lms_swap import device_memory, swapper
+
+    def no_build(*a, **k):
+        raise AssertionError("the net was built under the LMS allocator")
+    monkeypatch.setattr(swapper, "load_guard", no_build)
+    meter = _Meter()
+    sw = m.ActivationSwapper(device_type="cuda", policy="auto")
+    device_memory.use_peak_meter(meter)
+    try:
+        assert sw._guard() is None
+        assert sw._meter() is meter
+        assert sw._forecast._meter() is meter
+    finally:
+        device_memory.use_peak_meter(None)
+
+
 def test_the_swapper_tells_the_forecast_which_forwards_were_dropped(m):
     from torch import nn
     torch.manual_seed(0)

@@ -441,8 +441,9 @@ class Guard {
         "on the device is held by what autograd does not save through it: parameters, "
         "gradients, optimizer state, and a model's outputs or transients (a language "
         "model's logits). To go on: a smaller batch; for a language model's loss, "
-        "lms_swap's chunked_loss=True; or the allocator-level LMS of a PyTorch built with "
-        "the LMS patch (torch.cuda.set_enabled_lms(True)), which moves any block.",
+        "lms_swap's chunked_loss=True; or the allocator-level LMS, which moves any block: "
+        "lms_swap.allocator.enable() as the program's first CUDA call on a stock PyTorch, "
+        "or torch.cuda.set_enabled_lms(True) on a PyTorch built with the LMS patch.",
         static_cast<double>(n) / kGiB, static_cast<double>(last_allocated_.load()) / kGiB,
         why, static_cast<double>(evicted_bytes_.load()) / kGiB,
         static_cast<double>(g_host_bytes.load()) / kGiB);

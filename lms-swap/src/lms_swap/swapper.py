@@ -152,9 +152,15 @@ class ActivationSwapper:
                                   pool.min_available)
 
     def _guard(self) -> Any:
-        """The eviction net, armed, or None (``guard=False``, CPU, or not buildable)."""
+        """The eviction net, armed, or None (``guard=False``, CPU, not buildable, or under
+        the LMS pluggable allocator)."""
         cfg = self.config
         if not cfg.guard or cfg.device_type != "cuda" or cfg.policy == "never":
+            return None
+        if device_memory.peak_meter() is not None:
+            # the LMS pluggable allocator is installed: the net cannot sit under it, and
+            # its page moves catch what the forecast misses.  Not built for nothing either:
+            # on a fresh machine it compiled for 27 s in a first step, then was refused
             return None
         g = load_guard()
         if g is not None and not g.armed():
