@@ -464,6 +464,32 @@ def test_a_loops_row_cut_by_the_timeout_says_how_far_it_ran(tmp_path):
     assert "policy.dev0" not in text
 
 
+def test_a_loops_row_is_compared_with_the_stock_row_of_its_own_commit(tmp_path):
+    """The loops table's "vs stock 1.0x": each row against its loop's stock 1.0x row of the
+    same commit on the same GPU (an older commit's stock is other code, maybe another card),
+    and "-" where that commit ran no stock."""
+    bench = _import("bench_loops")
+
+    def rec(commit, mode, ups, scale=1.0):
+        return {"loop": "ckpt-decoder", "scale": scale, "batch": 72, "mode": mode,
+                "commit": commit, "machine": {"gpu": "H100"}, "torch": "2.11.0",
+                "command": f"python bench_loops.py {commit}", "steps_asked": 30,
+                "status": "ok", "steps_done": 30, "units_per_s": ups, "unit": "tok/s",
+                "net_interventions": 0, "net_interventions_all": 0, "out_gb_per_iter": 1.0,
+                "in_gb_per_iter": 1.0}
+    recs = [rec("aaaaaaa", "stock", 50000.0), rec("bbbbbbb", "lms", 45000.0, 1.5),
+            rec("bbbbbbb", "stock", 60000.0), rec("ccccccc", "lms", 30000.0, 1.5)]
+    bench.write_table(tmp_path / "t.md", recs)
+    cells = {}
+    for line in (tmp_path / "t.md").read_text().splitlines():
+        if line.startswith("| ckpt-decoder"):
+            c = [x.strip() for x in line.strip("|").split("|")]
+            cells[(c[3], c[6])] = c[7]                     # (mode, units/s) -> vs stock
+    assert cells[("lms", "45000 tok/s")] == "75.0%"        # bbbbbbb's stock, after it
+    assert cells[("stock", "60000 tok/s")] == "100.0%"
+    assert cells[("lms", "30000 tok/s")] == "-"            # ccccccc ran no stock
+
+
 def test_a_run_held_to_a_smaller_card_says_so(tmp_path, monkeypatch):
     """--device-gib: a bad size is refused at the command line, the size reaches the
     children through the environment, and the record and its table name the card with the

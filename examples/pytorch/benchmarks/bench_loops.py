@@ -263,6 +263,26 @@ def _in_bytes(s):
     return s.get("swap.in_bytes", 0) + s.get("alloc.swap_in_bytes", 0)
 
 
+def _stock_of_each(records):
+    """id(record) -> the stock 1.0x row it is compared with: its loop's, of the same commit
+    on the same GPU (the same code on the same card), the latest before it, else the first
+    after it; absent where there is none."""
+    def key(r):
+        return r["loop"], r.get("commit"), records_.gpu_label(r.get("machine"))
+
+    def is_stock(r):
+        return r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok"
+    out = {}
+    for order in (records, list(reversed(records))):
+        seen = {}
+        for r in order:
+            if is_stock(r):
+                seen[key(r)] = r
+            if id(r) not in out and key(r) in seen:
+                out[id(r)] = seen[key(r)]
+    return out
+
+
 def write_table(path, records):
     """The table of every record, one section per commit, the newest first."""
     head = [
@@ -278,15 +298,12 @@ def write_table(path, records):
     columns = ["loop", "scale", "batch", "mode", "result", "iterations", "units/s", "vs stock 1.0x",
                "% of bound", "net interventions", "out / in GB per iter", "peak GPU GiB",
                "peak host GiB (+ pluggable allocator's host pages)"]
-    stock = {}
-    for r in records:
-        if r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok":
-            stock.setdefault(r["loop"], r)
+    stock = _stock_of_each(records)
 
     def row(r):
         ok = r.get("status") == "ok"
         ups = r.get("units_per_s")
-        s1 = stock.get(r["loop"], {}).get("units_per_s")
+        s1 = (stock.get(id(r)) or {}).get("units_per_s")
         status = str(r.get("status", "?"))
         err = "" if ok else ": " + str(r.get("error", ""))[:90]
         seen = r.get("step_s_seen") or []

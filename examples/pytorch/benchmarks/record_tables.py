@@ -44,7 +44,8 @@ def note(group: list) -> str:
     (from the records; where a record has none, its folder's notes in runs.jsonl do)."""
     gpu = records.gpu_label(group[0].get("machine"))
     torch = group[0].get("torch")
-    runs = ", ".join(dict.fromkeys(f"{r.get('run')} (`{r.get('source')}`)" for r in group))
+    runs = ", ".join(dict.fromkeys(
+        f"{r.get('run')}" + (f" (`{r['source']}`)" if r.get("source") else "") for r in group))
     cmds = list(dict.fromkeys(c for c in map(command_of, group) if c))
     folders = list(dict.fromkeys(str(r.get("source") or "?").split("/")[0] for r in group
                                  if not command_of(r)))
@@ -291,7 +292,9 @@ def probe_rows(group: list) -> list:
 
 # ----------------------------------------------------------------------------- the tables
 TABLES = {
-    "allocator": ("PyTorch allocator suite (tests/conformance/pytorch_allocator) on the GPU",
+    "allocator": ("PyTorch allocator LMS suites on the GPU: the patched c10's "
+                  "(tests/conformance/pytorch_allocator) and the pluggable allocator's "
+                  "(tests/conformance/lms_swap/test_lms_pluggable_allocator_gpu.py)",
                   "one JSON line per run: run, date, commit, machine, the scenario JSONs the suite "
                   "wrote, `summary` among them", ALLOCATOR_COLUMNS, allocator_rows),
     "tf_allocator": ("TensorFlow allocator program (tests/conformance/tensorflow_allocator) on the GPU",
