@@ -94,10 +94,11 @@ def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
              *[f"-I{d}" for d in includes + cpp_extension.include_paths()],
              f"-I{sysconfig.get_paths()['include']}", f"-I{stub}"]
     units = allocator.sources(tree)
-    assert [pathlib.Path(u).name for u in units[:6]] == [
+    assert [pathlib.Path(u).name for u in units[:7]] == [
         "lms_pluggable_allocator.cpp", "lms_pluggable_block_walks.cpp",
         "lms_pluggable_expandable.cpp", "lms_pluggable_free_blocks.cpp",
-        "lms_pluggable_module.cpp", "lms_pluggable_segments.cpp"]
+        "lms_pluggable_module.cpp", "lms_pluggable_pending_frees.cpp",
+        "lms_pluggable_segments.cpp"]
     for unit in units:
         p = subprocess.run([CXX, *flags, unit], capture_output=True, text=True)
         errors = [x for x in p.stderr.splitlines() if "error" in x or

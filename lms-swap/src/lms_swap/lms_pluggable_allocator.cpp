@@ -19,13 +19,15 @@
 //               setting, which this allocator follows
 //               (ExpandableSegments, lms_pluggable_expandable.h)
 //   FreeBlocks  best fit per stream, split and merged (lms_pluggable_free_blocks.h)
-//   pending     blocks freed while other streams used them, until their events
+//   PendingFrees blocks freed while other streams used them, until their
+//               events (lms_pluggable_pending_frees.h)
 //   DeviceLms   the core, which calls back through the hooks below
 // Every entry takes the device's mutex; the core runs under it.
 #include "lms_pluggable_allocator.h"
 
 #include "lms_pluggable_expandable.h"
 #include "lms_pluggable_free_blocks.h"
+#include "lms_pluggable_pending_frees.h"
 #include "lms_pluggable_segments.h"
 
 #include <c10/cuda/CUDAException.h>
@@ -36,7 +38,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <deque>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -84,7 +85,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     }
     std::lock_guard<std::recursive_mutex> lock(mu_);
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    collect_events(/*wait=*/false);
+    pending_.collect(/*wait=*/false);
     Request req;
     req.size = round_up(size, kRound);
     req.stream = stream;
@@ -94,7 +95,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     bool ok = serve(req, b);
     if (!ok && !pending_.empty()) {
       // blocks other streams still used: wait for those streams once
-      collect_events(/*wait=*/true);
+      pending_.collect(/*wait=*/true);
       b = free_.take(req.size, stream, req.small);
       ok = serve(req, b);
     }
@@ -130,16 +131,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     allocated_ -= b->requested;
     b->requested = 0;
     const size_t freed = b->size;
-    for (cudaStream_t s : b->uses) {
-      cudaEvent_t ev = take_event();
-      C10_CUDA_CHECK(cudaEventRecord(ev, s));
-      pending_.emplace_back(ev, b);
-      ++b->events;
-    }
-    b->uses.clear();
-    if (b->events == 0) {
-      free_.add(b);
-    }
+    pending_.add(b);
     if (lms_.started()) {
       RequestScope scope(*this, nullptr);
       lms_.after_free(freed);
@@ -263,7 +255,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   void release_free_pages() override {
     release_free_segments();
     if (expandable_) {
-      collect_events(/*wait=*/true);
+      pending_.collect(/*wait=*/true);
       const ExpandableSegments::Spans spans = growth_.free_pages();
       if (!spans.empty()) {
         // the blocks' last users may still run: nothing is unmapped under them
@@ -274,7 +266,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     }
   }
   void release_free_segments() override {
-    collect_events(/*wait=*/true);
+    pending_.collect(/*wait=*/true);
     std::vector<Segment*> idle;
     for (const auto& s : segments_.all()) {
       const Block* b = s->first;
@@ -469,38 +461,6 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     return true;
   }
 
-  void collect_events(bool wait) {
-    while (!pending_.empty()) {
-      auto [ev, b] = pending_.front();
-      if (wait) {
-        C10_CUDA_CHECK(cudaEventSynchronize(ev));
-      } else {
-        const cudaError_t st = cudaEventQuery(ev);
-        if (st == cudaErrorNotReady) {
-          (void)cudaGetLastError();
-          return;
-        }
-        C10_CUDA_CHECK(st);
-      }
-      pending_.pop_front();
-      idle_events_.push_back(ev);
-      if (--b->events == 0 && !b->allocated) {
-        free_.add(b);
-      }
-    }
-  }
-
-  cudaEvent_t take_event() {
-    if (!idle_events_.empty()) {
-      cudaEvent_t ev = idle_events_.back();
-      idle_events_.pop_back();
-      return ev;
-    }
-    cudaEvent_t ev = nullptr;
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    return ev;
-  }
-
   [[noreturn]] void oom(const Request& r) {
     size_t free_b = 0;
     size_t total_b = 0;
@@ -528,8 +488,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   FreeBlocks free_;
   ExpandableSegments growth_{segments_, free_};
   std::unordered_map<void*, Block*> live_;
-  std::deque<std::pair<cudaEvent_t, Block*>> pending_;
-  std::vector<cudaEvent_t> idle_events_; // never destroyed (used at exit)
+  PendingFrees pending_{free_};
   uint64_t clock_ = 0;
   size_t allocated_ = 0;
   size_t peak_allocated_ = 0;
