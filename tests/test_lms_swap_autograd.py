@@ -236,6 +236,24 @@ def test_eviction_net_without_cuda_warns_and_swapping_goes_on(m, monkeypatch):
     assert sw.stats()["guard.active"] == 0
 
 
+def test_no_net_is_compiled_for_an_allocator_it_could_not_be_armed_under(m, monkeypatch):
+    """Under another CUDA allocator (a pluggable one, cudaMallocAsync) the net could never be
+    armed: it is not compiled (a fresh machine spent 27 s on it in a first step, then refused
+    it), and swapping goes on without it, saying why once."""
+    monkeypatch.setattr(m.guard, "_guard_state", {})
+    monkeypatch.setattr(m.guard, "unsupported_reason", lambda: None)
+    monkeypatch.setattr(m.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(m.torch.cuda, "get_allocator_backend", lambda: "pluggable")
+
+    def no_build():
+        raise AssertionError("the net was compiled for an allocator it cannot sit under")
+    monkeypatch.setattr(m.guard, "_load_net", no_build)
+    with pytest.warns(RuntimeWarning, match="eviction net not built.*'pluggable'"):
+        assert m.load_guard() is None
+    with pytest.raises(RuntimeError, match="not PyTorch's native caching allocator"):
+        m.load_guard(required=True)
+
+
 def _varied_steps(ctx):
     """Steps that vary as training does: sequence length, an eval pass with and without
     autograd between steps, gradient accumulation over two micro-batches, a short last

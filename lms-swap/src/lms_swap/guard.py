@@ -100,7 +100,8 @@ def _load_net() -> Any:
 def load_guard(required: bool = False) -> Any:
     """The eviction net: the wheel's prebuilt one, else compiled here (once per PyTorch
     version with ``torch.utils.cpp_extension``; cached in ``TORCH_EXTENSIONS_DIR``), or None
-    where it cannot be had (no C++ compiler, no CUDA headers, no CUDA): swapping then runs on
+    where it cannot be had (no C++ compiler, no CUDA headers, no CUDA, a CUDA allocator it
+    could not be armed under): swapping then runs on
     its forecast alone, and :func:`stats` says so (``guard.active`` 0).  ``required``
     raises instead."""
     with _guard_lock:
@@ -116,6 +117,10 @@ def load_guard(required: bool = False) -> Any:
                 raise RuntimeError(reason)
             if not torch.cuda.is_available():
                 raise RuntimeError("CUDA is not available")
+            # nothing compiled for an allocator the net could not be armed under
+            reason = allocator_refusal()
+            if reason:
+                raise RuntimeError(reason)
             mod = _load_net()
         except Exception as e:  # the job goes on without the net; stats show it
             err = f"LMS activation swapping: eviction net not built ({type(e).__name__}: {e})"

@@ -158,9 +158,9 @@ class ActivationSwapper:
         if not cfg.guard or cfg.device_type != "cuda" or cfg.policy == "never":
             return None
         if device_memory.peak_meter() is not None:
-            # the LMS pluggable allocator is installed: the net cannot sit under it, and
-            # its page moves catch what the forecast misses.  Not built for nothing either:
-            # on a fresh machine it compiled for 27 s in a first step, then was refused
+            # the LMS pluggable allocator is installed: its page moves catch what the
+            # forecast misses, in the net's place (which could not sit under it), so no
+            # warning that the net is missing
             return None
         g = load_guard()
         if g is not None and not g.armed():
