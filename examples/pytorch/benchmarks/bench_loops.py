@@ -263,6 +263,11 @@ def _in_bytes(s):
     return s.get("swap.in_bytes", 0) + s.get("alloc.swap_in_bytes", 0)
 
 
+def _is_stock_base(r):
+    """Whether ``r`` is a stock run at 1.0x that trained: what the others are measured by."""
+    return r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok"
+
+
 def _stock_of_each(records):
     """id(record) -> the stock 1.0x row it is compared with: its loop's, of the same commit
     on the same GPU (the same code on the same card), the latest before it, else the first
@@ -270,13 +275,11 @@ def _stock_of_each(records):
     def key(r):
         return r["loop"], r.get("commit"), records_.gpu_label(r.get("machine"))
 
-    def is_stock(r):
-        return r["mode"] == "stock" and r["scale"] == 1.0 and r.get("status") == "ok"
     out = {}
     for order in (records, list(reversed(records))):
         seen = {}
         for r in order:
-            if is_stock(r):
+            if _is_stock_base(r):
                 seen[key(r)] = r
             if id(r) not in out and key(r) in seen:
                 out[id(r)] = seen[key(r)]
@@ -409,7 +412,7 @@ def main():
         if r is not None:
             r = finished_before_cut(r, "loop", row["loop"])
             row.update({k: v for k, v in r.items() if k not in row})
-        if row["mode"] == "stock" and row["scale"] == 1.0 and row.get("status") == "ok":
+        if _is_stock_base(row):
             stock_rows[row["loop"]] = row
         add_bound(row, stock_rows.get(row["loop"]))
         with open(record, "a") as f:
