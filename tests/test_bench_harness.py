@@ -119,6 +119,8 @@ def test_a_parent_stopped_mid_run_leaves_the_runs_record_of_what_it_did(tmp_path
     rec = __import__("json").loads(out.read_text())
     assert rec["status"] == f"stopped with the benchmark (signal {int(signal.SIGTERM)})", rec
     assert rec["steps_done"] >= 5 and len(rec["step_s_seen"]) == rec["steps_done"], rec
+    # each step's whole record, not only its time: a cut run's counters say where it lost it
+    assert rec["steps_seen"][:2] == [{"i": 0, "s": 0.1}, {"i": 1, "s": 0.1}], rec
 
 
 def test_a_stopped_parent_records_before_its_child_has_ended(tmp_path):
@@ -195,7 +197,14 @@ def test_a_zoo_run_stopped_mid_configuration_still_writes_its_record(tmp_path):
     assert res["model"] == "resnet50" and res["batch"] == 6 and res["mode"] == "lms", res
     assert res["status"] == f"stopped with the benchmark (signal {int(signal.SIGTERM)})", res
     assert res["steps_done"] >= 5, res
-    assert "resnet50" in table.read_text()
+    assert f"after {res['steps_done']} steps (the last took 0.1 s)" in table.read_text()
+    # the steps' records go with the other runs' per-step traces, not into the record
+    assert "steps_seen" not in res and "per_step" not in res, res
+    import gzip
+    with gzip.open(tmp_path / "zoo-per-step.jsonl.gz", "rt") as f:
+        (trace,) = [__import__("json").loads(x) for x in f]
+    assert trace["mode"] == "lms" and len(trace["per_step"]) == res["steps_done"], trace
+    assert trace["per_step"][0] == {"i": 0, "s": 0.1}, trace
 
 
 def test_the_zoo_budget_bounds_the_whole_run(tmp_path):

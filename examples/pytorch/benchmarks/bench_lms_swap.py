@@ -317,6 +317,7 @@ def run_child(argv, timeout, guard_bytes, log, on_result=None):
         # configuration's child while it exited
         if model is None:
             res.pop("results", None)
+            res.pop("steps_seen", None)
             settled.update(res)
         else:
             settled.update(children.finished_before_cut(res, "model", model))
@@ -468,6 +469,8 @@ def main():
     def finish(row, res, stock_rate):
         """A configuration's row, complete with what its child reported."""
         row.update({k: v for k, v in res.items() if k not in row})
+        if "steps_seen" in row:  # a cut run's step records go with the others' traces
+            row["per_step"] = row.pop("steps_seen")
         if row["mode"] in SWAPPING and row.get("status") == "ok":
             add_bounds(row, stock_rate, link)
         results.append(row)

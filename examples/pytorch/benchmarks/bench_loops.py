@@ -310,12 +310,9 @@ def write_table(path, records):
         status = str(r.get("status", "?"))
         err = "" if ok else ": " + str(r.get("error", ""))[:90]
         seen = r.get("step_s_seen") or []
-        cut = re.match(r"timeout \(([\d.]+) ?s\)", status)
+        cut = records_.cut_by_timeout(r, "iterations")
         if cut:
-            # the harness's timeout: how far it ran, not the child's last printed line
-            status = f"timeout ({float(cut.group(1)):.0f} s)"
-            err = (f" after {len(seen)} of {r.get('steps_asked', '?')} iterations"
-                   + (f" (the last took {seen[-1]:.1f} s)" if seen else ""))
+            status, err = cut, ""
         elif status.startswith("killed"):
             # the harness's own kill: say when, not the child's last printed line
             err = (f" after {len(seen)} iterations" + (f" (the first took {seen[0]:.0f} s)"

@@ -198,6 +198,9 @@ def _watch(p, t0, timeout, guard_bytes, log) -> dict:
                "error": "".join(out_lines[-5:])[-400:],
                "steps_done": len(steps),  # of a run that did not finish
                "step_s_seen": [s["s"] for s in steps],
+               # every record it printed, counters included: where a cut run lost its
+               # time is in them
+               "steps_seen": steps,
                "results": results}
     res["wall_s"] = round(wall, 1)
     res["min_mem_available"] = min_avail

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import subprocess
 
 import device_cap
@@ -122,6 +123,23 @@ def write_by_commit(path, recs, head: list, columns: list, rows, note) -> None:
                   "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(row) + " |" for row in rows(group)]
     pathlib.Path(path).write_text("\n".join(lines) + "\n")
+
+
+def cut_by_timeout(r: dict, unit: str) -> str:
+    """A table's words for a run the harness's timeout cut: its limit and how far it got,
+    "timeout (286 s) after 28 of 30 iterations (the last took 7.5 s)" (not the child's last
+    printed line); "" for a run that ended any other way."""
+    m = re.match(r"timeout \(([\d.]+) ?s\)", str(r.get("status", "")))
+    return f"timeout ({float(m.group(1)):.0f} s)" + steps_seen(r, unit) if m else ""
+
+
+def steps_seen(r: dict, unit: str) -> str:
+    """" after 28 of 30 iterations (the last took 7.5 s)": how far a run that did not
+    finish got, from the step times its harness kept."""
+    seen = r.get("step_s_seen") or []
+    asked = f" of {r['steps_asked']}" if r.get("steps_asked") else ""
+    return (f" after {r.get('steps_done', len(seen))}{asked} {unit}"
+            + (f" (the last took {seen[-1]:.1f} s)" if seen else ""))
 
 
 TRACE_KEYS = ("run", "date", "commit", "source", "part")
