@@ -546,3 +546,27 @@ def test_a_stop_while_a_finished_child_exits_keeps_its_result(tmp_path):
     assert res["status"] == "ok" and res["units_per_s"] == 12.5, res
     assert res["stopped_after_result"].startswith("stopped with the benchmark"), res
     assert abs(res["frac_of_bound"] - (2e9 / 54e9 + 2e9 / 53e9) / 0.48) < 1e-6, res
+
+
+def test_every_allocator_counter_a_step_records_is_one_the_lms_core_prints():
+    """The benches record the pluggable allocator's counters by name from the text its LMS
+    core prints; a name the core does not print would read 0 in every step, unnoticed."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import allocator_memory
+    finally:
+        sys.path.remove(str(BENCH))
+    printed = set()
+    for src in [*(REPO / "patches").rglob("*.cpp"), *(REPO / "patches").rglob("*.inc")]:
+        text = src.read_text(errors="replace")
+        printed.update(__import__("re").findall(r'"([\w.]+)(?:=|",)', text))
+    missing = [k for k in allocator_memory.ALLOC_TOTALS if k not in printed]
+    assert not missing, missing
+
+    class _Alloc:  # what lms_swap.allocator.lms_stats hands over: ints, a key it may lack
+        @staticmethod
+        def lms_stats():
+            return {"swap_out_bytes": 7, "launch_gate.inactive_reason": "none"}
+    got = allocator_memory.alloc_totals(_Alloc)
+    assert got["alloc.swap_out_bytes"] == 7 and got["alloc.swap_in_time_ns"] == 0
+    assert set(got) == {f"alloc.{k}" for k in allocator_memory.ALLOC_TOTALS}

@@ -5,6 +5,25 @@ its own, since PyTorch keeps the caching allocator's statistics for the native o
 from __future__ import annotations
 
 
+# The pluggable allocator's LMS counters that only grow (``lms_swap.allocator.lms_stats``):
+# its page moves, their own time and the device syncs in it, what its cache released,
+# host pages made while a request waited, and the launch gate's holds.  Where a step's
+# time went under this allocator is in them.
+ALLOC_TOTALS = (
+    "swap_out_bytes", "swap_out_count", "swap_in_bytes", "swap_in_count", "num_ooms",
+    "reclaim_events", "alloc_served.lms_reclaim", "alloc_served.defrag",
+    "swap_out_time_ns", "swap_in_time_ns", "swap_out_quiesce_ns", "swap_out_copy_wait_ns",
+    "host_pages_dropped_on_free", "defrag_released_bytes", "host_pool.made_on_demand_bytes",
+    "launch_gate.closes", "launch_gate.close_wait_ns", "launch_gate.calls_held")
+
+
+def alloc_totals(alloc) -> dict:
+    """:data:`ALLOC_TOTALS` as they stand, as ``alloc.<name>`` (0 where the build has no
+    such counter); ``alloc`` is the installed ``lms_swap.allocator``."""
+    st = alloc.lms_stats()
+    return {f"alloc.{k}": int(st.get(k) or 0) for k in ALLOC_TOTALS}
+
+
 def readings(alloc=None) -> dict:
     """Bytes ``allocated``, ``reserved``, ``peak_allocated`` and ``peak_reserved`` on the current
     device, and ``alloc_retries`` and ``sync_all_streams`` so far (the caching allocator's

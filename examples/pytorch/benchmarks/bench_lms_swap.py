@@ -55,7 +55,7 @@ import children  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
 from zoo_report import SWAPPING, add_bounds, summary_line, write_markdown, write_table  # noqa: E402
-from allocator_memory import readings  # noqa: E402
+from allocator_memory import alloc_totals, readings  # noqa: E402
 
 RECORD = HERE / "records" / "zoo.jsonl"
 TABLE = HERE / "RESULTS-zoo.md"
@@ -195,9 +195,8 @@ def child(args):
             a step starts to move pages, whether its segments or their mapping grew first."""
             if not alloc:
                 return {}
-            st, ms = alloc.lms_stats(), alloc.memory_stats()
-            out = {f"alloc.{k}": st.get(k) for k in (
-                "swap_out_bytes", "reclaim_events", "defrag_released_bytes")}
+            ms = alloc.memory_stats()
+            out = alloc_totals(alloc)
             out.update({f"alloc.{k}": ms.get(k) for k in (
                 "device_reserved_bytes", "reserved_bytes", "cached_free_bytes", "segments")})
             return out

@@ -47,7 +47,7 @@ from children import (finished_before_cut, install_stop_handlers, peak_rss,  # n
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
 import device_cap  # noqa: E402
-from allocator_memory import host_gib, readings  # noqa: E402
+from allocator_memory import alloc_totals, host_gib, readings  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
 RECORD = HERE / "records" / "loops.jsonl"
@@ -109,8 +109,6 @@ def load_torchtune_offload():
 
 # modes that swap: they run at the scales of --lms-scales, and their rows get a bound
 SWAPPING = ("lms", "pluggable", "pluggable+lms")
-# the allocator LMS's counters (lms_swap.allocator.lms_stats) a step records, as "alloc.<name>"
-ALLOC_COUNTERS = ("swap_out_bytes", "swap_in_bytes", "swap_out_count", "num_ooms")
 
 
 def child(args):
@@ -145,8 +143,7 @@ def child(args):
         # every copy still queued (the loop's compute stands still meanwhile); a pluggable
         # allocator has none (its LMS's moves are its counters)
         if alloc is not None:
-            st = alloc.lms_stats()
-            out = {f"alloc.{k}": int(st.get(k) or 0) for k in ALLOC_COUNTERS}
+            out = alloc_totals(alloc)
         else:
             out = {"alloc_retries": int(readings()["alloc_retries"])}
         if lms is not None:
