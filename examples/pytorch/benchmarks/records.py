@@ -130,10 +130,10 @@ def cut_by_timeout(r: dict, unit: str) -> str:
     "timeout (286 s) after 28 of 30 iterations (the last took 7.5 s)" (not the child's last
     printed line); "" for a run that ended any other way."""
     m = re.match(r"timeout \(([\d.]+) ?s\)", str(r.get("status", "")))
-    return f"timeout ({float(m.group(1)):.0f} s)" + steps_seen(r, unit) if m else ""
+    return f"timeout ({float(m.group(1)):.0f} s)" + how_far(r, unit) if m else ""
 
 
-def steps_seen(r: dict, unit: str) -> str:
+def how_far(r: dict, unit: str) -> str:
     """" after 28 of 30 iterations (the last took 7.5 s)": how far a run that did not
     finish got, from the step times its harness kept."""
     seen = r.get("step_s_seen") or []

@@ -76,7 +76,7 @@ def table_rows(results):
         rel = f"{100 * r['units_per_s'] / stock[r['model']]:.1f}%" if ok and r["model"] in stock else "-"
         status = r.get("status", "?")
         if not ok and r.get("steps_done") is not None:
-            status = records.cut_by_timeout(r, "steps") or status + records.steps_seen(r, "steps")
+            status = records.cut_by_timeout(r, "steps") or status + records.how_far(r, "steps")
         elif not ok and r.get("error"):
             status += ": " + r["error"].strip().splitlines()[-1][:80].replace("|", "/")
         if r.get("cut_after_result"):
