@@ -551,11 +551,7 @@ def test_a_stop_while_a_finished_child_exits_keeps_its_result(tmp_path):
 def test_every_allocator_counter_a_step_records_is_one_the_lms_core_prints():
     """The benches record the pluggable allocator's counters by name from the text its LMS
     core prints; a name the core does not print would read 0 in every step, unnoticed."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import allocator_memory
-    finally:
-        sys.path.remove(str(BENCH))
+    allocator_memory = _import("allocator_memory")
     printed = set()
     for src in [*(REPO / "patches").rglob("*.cpp"), *(REPO / "patches").rglob("*.inc")]:
         text = src.read_text(errors="replace")
