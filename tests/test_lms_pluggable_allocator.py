@@ -52,10 +52,12 @@ def test_free_blocks_fit_cut_and_merge_per_stream(tmp_path):
 @needs_cxx
 def test_expandable_segments_keep_blocks_and_pages_in_step(tmp_path):
     """ExpandableSegments over a stand-in for the driver's pages (no GPU): 4,000 random
-    allocations, frees and releases under a device budget, the layout checked after each
-    (blocks cover the segments, unmapped blocks are whole pages with nothing mapped, no page is
-    mapped or unmapped twice or under a live block, the free lists hold the free blocks), the
-    bytes new_bytes predicts are what grow maps, and at the end nothing stays mapped."""
+    allocations, frees, moves of a block's pages to the host and releases under a device
+    budget, the layout checked after each (blocks cover the segments, unmapped blocks are whole
+    pages with nothing mapped, no page is mapped or unmapped twice or under a live block, the
+    free lists hold the free blocks), a freed block's whole pages on the host go back to the
+    host pool before it is listed, the bytes new_bytes
+    predicts are what grow maps, and at the end nothing stays mapped."""
     includes = _headers_or_skip()
     exe = tmp_path / "driver"
     subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{PKG}",
@@ -68,7 +70,7 @@ def test_expandable_segments_keep_blocks_and_pages_in_step(tmp_path):
     lines = p.stdout.splitlines()
     failed = [x for x in lines if not x.startswith("ok ")]
     assert p.returncode == 0 and not failed, p.stdout + p.stderr
-    assert len(lines) == 5, lines
+    assert len(lines) == 6, lines
 
 
 @needs_cxx

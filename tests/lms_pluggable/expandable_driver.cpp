@@ -1,7 +1,8 @@
 // Drives lms_pluggable::ExpandableSegments (the pluggable LMS allocator's
 // expandable segments: growth into runs of free and unmapped blocks, release
-// of free pages) over a stand-in for the driver's pages, with no GPU: a few
-// thousand random allocations, frees and releases under a device budget,
+// of free pages, host pages of freed blocks dropped) over a stand-in for the
+// driver's pages, with no GPU: a few thousand random allocations, frees,
+// moves of a block's pages to the host and releases under a device budget,
 // checking after each that the blocks still describe the pages. Prints
 // "ok <name>" or "FAIL <name>: <why>" (tests/test_lms_pluggable_allocator.py
 // reads them).
@@ -66,6 +67,7 @@ class FakePages final : public PageMapper {
         fail("page " + std::to_string(i) + " mapped twice");
       }
       s->mapped[i] = true;
+      s->on_host[i] = false;
       s->handles[i] = 1;
     }
     mapped_ += count * s->page;
@@ -83,7 +85,11 @@ class FakePages final : public PageMapper {
       if (!s->mapped.at(i)) {
         fail("page " + std::to_string(i) + " unmapped twice");
       }
+      if (s->on_host[i]) {
+        ++host_dropped_;
+      }
       s->mapped[i] = false;
+      s->on_host[i] = false;
       s->handles[i] = 0;
     }
     mapped_ -= count * s->page;
@@ -94,11 +100,15 @@ class FakePages final : public PageMapper {
   int reserved() const {
     return reserved_;
   }
+  int host_dropped() const {
+    return host_dropped_;
+  }
 
  private:
   const size_t budget_;
   size_t mapped_ = 0;
   int reserved_ = 0;
+  int host_dropped_ = 0; // host pages unmapped
   CUdeviceptr next_base_ = 0x100000000000ULL;
   std::vector<std::unique_ptr<Segment>> segments_;
 };
@@ -181,6 +191,7 @@ int main() {
   const size_t sizes[] = {1 * MiB, 3 * MiB, 7 * MiB + 512, 20 * MiB, 33 * MiB, 64 * MiB, 130 * MiB};
   std::vector<Block*> live;
   int grown = 0, served_free = 0, released = 0, refused = 0, predicted = 0;
+  int freed_on_host = 0;
   for (int op = 0; op < 4000 && first_error.empty(); ++op) {
     const unsigned r = rng() % 10;
     if (r < 5) {
@@ -217,12 +228,34 @@ int main() {
         b->allocated = true;
         live.push_back(b);
       }
-    } else if (r < 9 && !live.empty()) {
+    } else if (r < 8 && !live.empty()) {
       const size_t i = rng() % live.size();
       Block* b = live[i];
       live.erase(live.begin() + static_cast<long>(i));
       b->allocated = false;
-      fb.add(b);
+      if (growth.holds_host_pages(*b)) {
+        ++freed_on_host;
+      }
+      Segment& s = *b->seg;
+      const size_t lo = static_cast<size_t>(b->ptr - reinterpret_cast<char*>(s.base));
+      const size_t hi = lo + b->size;
+      growth.list_dropping_host_pages(b);
+      // none of its whole pages is left on the host (pages it shares with a
+      // neighbour stay until a release: the neighbour's stream may use them)
+      for (size_t i = (lo + s.page - 1) / s.page; i < hi / s.page; ++i) {
+        if (s.on_host[i]) {
+          fail("a freed block's whole page left on the host");
+        }
+      }
+    } else if (r < 9 && !live.empty()) {
+      // LMS moves the pages under a block to the host (pages it shares with a
+      // neighbour too, as a page moves whole)
+      Block* b = live[rng() % live.size()];
+      Segment& s = *b->seg;
+      const size_t lo = static_cast<size_t>(b->ptr - reinterpret_cast<char*>(s.base));
+      for (size_t i = lo / s.page; i < (lo + b->size + s.page - 1) / s.page; ++i) {
+        s.on_host[i] = true;
+      }
     } else {
       growth.unmap(growth.free_pages());
       ++released;
@@ -234,13 +267,17 @@ int main() {
         grown > 100 && served_free > 100 && released > 100 && refused > 0,
         std::to_string(grown) + " grown, " + std::to_string(served_free) + " from free lists, " +
             std::to_string(released) + " releases, " + std::to_string(refused) + " refused");
+  check("freed_host_pages_go_back_to_the_host",
+        freed_on_host > 100 && pages.host_dropped() > 100,
+        std::to_string(freed_on_host) + " blocks freed on host pages, " +
+            std::to_string(pages.host_dropped()) + " host pages unmapped");
   check("new_bytes_is_what_grow_maps", predicted == grown,
         std::to_string(predicted) + " of " + std::to_string(grown));
   check("one_segment_serves_the_stream", pages.reserved() == 1,
         std::to_string(pages.reserved()) + " segments");
   for (Block* b : live) {
     b->allocated = false;
-    fb.add(b);
+    growth.list_dropping_host_pages(b);
   }
   growth.unmap(growth.free_pages());
   check_layout(pages, fb);

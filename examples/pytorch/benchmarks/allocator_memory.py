@@ -13,7 +13,8 @@ ALLOC_TOTALS = (
     "swap_out_bytes", "swap_out_count", "swap_in_bytes", "swap_in_count", "num_ooms",
     "reclaim_events", "alloc_served.lms_reclaim", "alloc_served.defrag",
     "swap_out_time_ns", "swap_in_time_ns", "swap_out_quiesce_ns", "swap_out_copy_wait_ns",
-    "host_pages_dropped_on_free", "defrag_released_bytes", "host_pool.made_on_demand_bytes",
+    "host_pages_dropped_on_free", "defrag_released_bytes", "returns_held",
+    "host_pool.made_on_demand_bytes",
     "launch_gate.closes", "launch_gate.close_wait_ns", "launch_gate.calls_held")
 
 

@@ -179,6 +179,7 @@ def child(args):
             return torch.autograd.graph.save_on_cpu(pin_memory=True)
         return lms.swapping()
 
+    per_step = []  # each step's record; an OOM's record keeps those before it
     try:
         model, loss_fn, units, unit_name = build(args.model, args.batch, args)
         opt = make_optimizer(model, args.optimizer)
@@ -187,7 +188,6 @@ def child(args):
             return zoo.train_step(loss_fn, opt, ctx)
 
         times = []
-        per_step = []
         t_start = time.perf_counter()
 
         def allocator_counters():
@@ -289,6 +289,11 @@ def child(args):
         kind = type(e).__name__
         result["status"] = "host-limit" if kind == "LMSHostMemoryError" else "CUDA OOM"
         result["error"] = str(e).splitlines()[0][:300]
+        result["per_step"] = per_step
+        # the record keeps the message's start; the log, all of it and the steps before
+        print(f"{kind}: {e}", file=sys.stderr, flush=True)
+        if alloc:
+            print("LMS " + json.dumps(alloc.lms_stats()), file=sys.stderr, flush=True)
     mem = readings(alloc)
     if not alloc:  # the caching allocator's retries, each a stall (the pluggable one has none)
         result["alloc_retries"] = mem["alloc_retries"]

@@ -143,6 +143,49 @@ ExpandableSegments::Spans ExpandableSegments::free_pages() const {
   return spans;
 }
 
+namespace {
+
+// The pages of b's whole pages that are on the host, first to last ({0, 0}:
+// none, or b is not a mapped block of an expandable segment).
+PageSpan host_span(const Block& b) {
+  const Segment& s = *b.seg;
+  PageSpan out;
+  if (!s.expandable || !b.mapped) {
+    return out;
+  }
+  const PageSpan whole = whole_pages(s, b);
+  for (size_t i = whole.first; i < whole.first + whole.count; ++i) {
+    if (s.on_host[i]) {
+      if (out.count == 0) {
+        out.first = i;
+      }
+      out.count = i + 1 - out.first;
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+bool ExpandableSegments::holds_host_pages(const Block& b) const {
+  return host_span(b).count > 0;
+}
+
+void ExpandableSegments::list_dropping_host_pages(Block* b) {
+  const PageSpan span = host_span(*b);
+  if (span.count == 0) {
+    free_.add(b);
+    return;
+  }
+  segments_.unmap_pages(b->seg, span.first, span.count);
+  const Rest rest = carve_unmapped(b, span);
+  for (Block* m : {rest.head, rest.tail}) {
+    if (m) {
+      free_.add(m);
+    }
+  }
+}
+
 void ExpandableSegments::unmap(const Spans& spans) {
   // no two free blocks with no events are neighbours (FreeBlocks::add merges
   // them), so listing one block's rest never merges another span's block

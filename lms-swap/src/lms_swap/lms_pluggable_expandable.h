@@ -43,6 +43,14 @@ class ExpandableSegments {
   using Spans = std::vector<std::pair<Block*, PageSpan>>;
   Spans free_pages() const;
 
+  // Whether free block b (unlisted) holds whole pages on the host.
+  bool holds_host_pages(const Block& b) const;
+
+  // Lists free block b, which no stream uses any more: first its whole pages
+  // from the first on the host to the last are unmapped (host pages to the
+  // host pool, no copy), so that no new allocation lands on host memory.
+  void list_dropping_host_pages(Block* b);
+
   // Unmaps `spans` (of free_pages(), nothing allocated or freed since):
   // device pages to the driver, host pages to the host pool. The caller has
   // made sure no stream still uses them (a device synchronization).

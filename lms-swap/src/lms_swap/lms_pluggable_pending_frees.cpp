@@ -14,7 +14,7 @@ void PendingFrees::add(Block* b) {
   }
   b->uses.clear();
   if (b->events == 0) {
-    free_.add(b);
+    list_(b);
   }
 }
 
@@ -34,7 +34,7 @@ void PendingFrees::collect(bool wait) {
     pending_.pop_front();
     idle_.push_back(ev);
     if (--b->events == 0 && !b->allocated) {
-      free_.add(b);
+      list_(b);
     }
   }
 }

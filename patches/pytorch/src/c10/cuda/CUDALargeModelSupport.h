@@ -152,6 +152,7 @@ enum Stat : int {
   kOoms,
   kSwapOutQuiesceNs, // of kSwapOutNs: closing the gate, device synchronize
   kSwapOutCopyWaitNs, // of kSwapOutNs: waiting for copies (the rest: remaps)
+  kReturnsHeld, // returns after frees held back: too little room to keep them
   kNumStats
 };
 C10_CUDA_API const char* stat_name(int s);

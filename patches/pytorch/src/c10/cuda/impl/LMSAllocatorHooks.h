@@ -80,7 +80,7 @@ class AllocatorHooks {
   // The page size under the most bytes of allocated large-pool blocks
   // (new_large_page(device) when there are none): what a spill would move.
   virtual size_t busiest_large_page(int device) const = 0;
-  // bytes reserved but free (the free lists of both pools)
+  // bytes mapped but free (the free lists of both pools, mapped blocks only)
   virtual size_t cached_free_bytes() const = 0;
 
   virtual ~AllocatorHooks() = default;

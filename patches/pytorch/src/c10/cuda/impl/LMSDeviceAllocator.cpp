@@ -67,19 +67,20 @@ void DeviceLms::follow_host_bytes(size_t cap) {
 }
 
 // Releases free cached memory. With defrag: every free page the tag can
-// release; without: only segments that are completely free. Returns bytes
-// released.
+// release; without: only segments that are completely free. Returns the
+// device bytes released (host pages of free blocks go back to the host pool
+// too, but give the device nothing).
 size_t DeviceLms::release_free() {
   if (hooks_.capturing()) {
     return 0;
   }
-  const size_t before = hooks_.mapped_bytes();
+  const size_t before = device_bytes();
   if (defrag_enabled()) {
     hooks_.release_free_pages();
   } else {
     hooks_.release_free_segments();
   }
-  const size_t after = hooks_.mapped_bytes();
+  const size_t after = device_bytes();
   const size_t released = before > after ? before - after : 0;
   if (defrag_enabled()) {
     stat_add(
@@ -130,16 +131,21 @@ size_t DeviceLms::swap_out(size_t need, size_t cap) {
   return out.released;
 }
 
-// Device bytes LMS may bring back now.
-size_t DeviceLms::return_room() {
+// Device bytes LMS may bring back now, keeping `headroom` free for the
+// allocations that follow; `releasable`: free cached bytes counted as if
+// released already (what a release_free() first would add).
+size_t DeviceLms::return_room(size_t headroom, size_t releasable) {
   size_t dev = device_bytes();
+  dev = dev > releasable ? dev - releasable : 0;
   size_t lim = limit();
   size_t free_b = 0;
   size_t total_b = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  free_b += releasable;
   // keep a margin so that the next allocations do not swap straight back
   size_t margin = lim ? kUpstreamLargePage * 8
                       : std::max<size_t>(kUpstreamLargePage * 8, total_b / 50);
+  margin = std::max(margin, headroom);
   size_t room = free_b > margin ? free_b - margin : 0;
   if (lim) {
     size_t under = lim > dev + margin ? lim - dev - margin : 0;
@@ -148,13 +154,23 @@ size_t DeviceLms::return_room() {
   return room;
 }
 
+// Room kept free by the returns after frees: 1/16 of what LMS may use.
+size_t DeviceLms::return_headroom() {
+  if (device_total_ == 0) {
+    size_t free_b = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &device_total_));
+  }
+  const size_t lim = limit();
+  return (lim ? std::min(lim, device_total_) : device_total_) / 16;
+}
+
 // Brings host pages back to device memory (most recently allocated first)
-// while there is room. Returns bytes brought back.
-size_t DeviceLms::swap_in() {
+// while there is room above `headroom`. Returns bytes brought back.
+size_t DeviceLms::swap_in(size_t headroom) {
   if (host_bytes() == 0 || hooks_.capturing()) {
     return 0;
   }
-  size_t room = return_room();
+  size_t room = return_room(headroom, 0);
   auto pages = hooks_.movable_pages(/*on_host=*/true);
   if (pages.empty() || room == 0) {
     return 0;
@@ -191,11 +207,16 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   bool reclaimed = false;
   if (lim && device_bytes() + want > lim) {
     if (!capturing) {
-      size_t over = device_bytes() + want - lim;
-      size_t rel = release_free();
-      attempt_.released += rel;
-      if (rel < over) {
-        reclaimed = swap_out(over - rel, cap) > 0;
+      attempt_.released += release_free();
+      // until under the limit, a few rounds at most
+      for (int round = 0; round < 4 && device_bytes() + want > lim; ++round) {
+        if (swap_out(device_bytes() + want - lim, cap) == 0) {
+          break;
+        }
+        reclaimed = true;
+        if (attempt_.host_exhausted) {
+          break;
+        }
       }
     }
     if (device_bytes() + want > lim) {
@@ -236,27 +257,41 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   return false;
 }
 
+// Returns after frees are held back until they can keep what they bring:
+// room for at least min(host bytes, 1 GiB) above the headroom. While the job
+// still grows (a forward pass frees temporaries all the time while its saved
+// tensors pile up), pages brought into the last free bytes would go straight
+// out again at the next allocation, each move a device sync, and releasing
+// the cache to make that room unmaps pages the next allocations map again.
 void DeviceLms::after_free(size_t freed) {
   if (mover_.device() < 0) {
     return;
   }
-  if (host_bytes() == 0) {
+  const size_t on_host = host_bytes();
+  if (on_host == 0) {
     freed_since_return_ = 0;
     return;
   }
   freed_since_return_ += freed;
   const size_t threshold = std::max<size_t>(
-      kUpstreamLargePage, std::min<size_t>(host_bytes(), size_t(256) << 20));
-  if (freed_since_return_ >= threshold && !hooks_.capturing()) {
-    freed_since_return_ = 0;
-    release_free();
-    swap_in();
+      kUpstreamLargePage, std::min<size_t>(on_host, size_t(256) << 20));
+  if (freed_since_return_ < threshold || hooks_.capturing()) {
+    return;
   }
+  freed_since_return_ = 0;
+  const size_t headroom = return_headroom();
+  const size_t worth = std::min<size_t>(on_host, size_t(1) << 30);
+  if (return_room(headroom, hooks_.cached_free_bytes()) < worth) {
+    stat_add(mover_.device(), kReturnsHeld, 1);
+    return;
+  }
+  release_free();
+  swap_in(headroom);
 }
 
 void DeviceLms::empty_cache() {
   if (mover_.device() >= 0) {
-    swap_in();
+    swap_in(/*headroom=*/0);
   }
   host_pool_trim();
   prefill_asked_ = false;

@@ -24,9 +24,11 @@
 //   LMS may use), or a set reserve once the device is 3/4 full; of the page
 //   the spill will move. Kernels launched
 //   afterwards read and write the page over PCIe.
-// * Return: when freed bytes add up (after_free) or on emptyCache, free
-//   pages are released and host pages come back (most recently allocated
-//   first) while device memory is below the limit.
+// * Return: when freed bytes add up (after_free) and enough memory is free to
+//   keep what comes back above a headroom (1/16 of what LMS may use), or on
+//   emptyCache, free pages are released and host pages come back (most
+//   recently allocated first) while device memory is below the limit less
+//   that headroom.
 // * A host page whose blocks are all freed goes back to the host pool
 //   without copying where the tag can unmap free pages (the tag's hooks).
 #include <c10/cuda/impl/LMSAllocatorHooks.h>
@@ -82,12 +84,14 @@ class DeviceLms {
   void follow_host_bytes(size_t cap);
   size_t release_free();
   size_t swap_out(size_t need, size_t cap);
-  size_t return_room();
-  size_t swap_in();
+  size_t return_room(size_t headroom, size_t releasable);
+  size_t return_headroom();
+  size_t swap_in(size_t headroom);
 
   AllocatorHooks& hooks_;
   PageMover mover_;
   size_t freed_since_return_ = 0;
+  size_t device_total_ = 0; // the device's bytes, once asked
   bool prefill_asked_ = false; // a set reserve, since the last emptyCache
   size_t reserve_asked_ = 0; // the automatic reserve, since the last emptyCache
   Attempt attempt_;

@@ -45,6 +45,7 @@ const char* kStatNames[kNumStats] = {
     "num_ooms",
     "swap_out_quiesce_ns",
     "swap_out_copy_wait_ns",
+    "returns_held",
 };
 
 } // namespace
