@@ -2,10 +2,12 @@
 date, commit, machine, torch, configuration, every counter), from which each benchmark
 rewrites its ``RESULTS-<benchmark>.md``; nobody copies figures by hand.
 
-Runs before the records existed (runs 7-172, whose raw logs and README files were once kept in the tree in run folders) were
-converted once: their machine-readable results went into the benchmark's records with
-``source`` naming the old folder, and each folder's README (what the run claims, in prose)
-into ``records/runs.jsonl`` as ``notes``.
+Runs before the records existed (an older numbering, runs 7-172, whose raw logs and README
+files were once kept in the tree in run folders) were converted once: their machine-readable
+results went into the benchmark's records with ``source`` naming the old folder, and each
+folder's README (what the run claims, in prose) into ``records/runs.jsonl`` as ``notes``.
+The later runs' ids reach that range from 170 on; a record's commit and ``source`` tell the
+two apart.
 """
 from __future__ import annotations
 
