@@ -10,6 +10,7 @@ allocator must be installed before the process allocates anything on the GPU.  P
     python pluggable_worker.py fraction FRACTION
     python pluggable_worker.py expand
     python pluggable_worker.py host-reserve LIMIT_MIB
+    python pluggable_worker.py grow LIMIT_MIB
 
 Each follows PyTorch's expandable_segments setting in PYTORCH_CUDA_ALLOC_CONF, as the allocator
 does.
@@ -245,6 +246,40 @@ def host_reserve(limit_mib):
             "limit_bytes": limit_mib * MiB}
 
 
+def grow(limit_mib):
+    """A job that grows past its limit while freeing temporaries, as a forward pass does: one
+    tensor of CHUNK kept and one temporary of CHUNK freed per round, to 1.5x the limit.  Returns
+    after those frees are held back (the room they would bring pages into is what the next
+    round needs); the oldest tensor's host pages go back to the host pool when it is freed;
+    freeing the newest half of the rest brings the older half's pages back; every tensor keeps
+    its bytes."""
+    alloc = _enable(limit_mib)
+    n = CHUNK // 4
+    kept = []
+    for i in range(limit_mib * MiB * 3 // 2 // CHUNK):
+        # one allocation each (a pattern would make temporaries of its own)
+        kept.append(torch.full((n,), i, dtype=torch.int32, device="cuda"))
+        tmp = torch.ones(n, dtype=torch.int32, device="cuda")
+        del tmp
+    torch.cuda.synchronize()
+    grown = dict(alloc.lms_stats())
+    del kept[0]  # the oldest: its pages are on the host
+    torch.cuda.synchronize()
+    torch.empty(1, device="cuda")  # an allocation lists the frees whose streams are past them
+    dropped = dict(alloc.lms_stats())
+    ids = list(range(1, len(kept) + 1))
+    half = len(kept) // 2
+    del kept[half:]  # the newest, on the device: room for the oldest to come back
+    del ids[half:]
+    torch.cuda.synchronize()
+    back = dict(alloc.lms_stats())
+    bad = [i for i, t in zip(ids, kept) if not bool((t == i).all())]
+    keys = ("swap_out_bytes", "swap_in_bytes", "returns_held", "host_bytes.current",
+            "host_pages_dropped_on_free")
+    return {"grown": {k: grown.get(k) for k in keys}, "dropped": {k: dropped.get(k) for k in keys},
+            "back": {k: back.get(k) for k in keys}, "bad": bad, "chunk": CHUNK}
+
+
 def main():
     what, args = sys.argv[1], sys.argv[2:]
     if what == "bytes":
@@ -261,6 +296,8 @@ def main():
         r = expand()
     elif what == "host-reserve":
         r = host_reserve(int(args[0]))
+    elif what == "grow":
+        r = grow(int(args[0]))
     elif what == "bad-setting":
         r = bad_setting(args[0])
     else:
