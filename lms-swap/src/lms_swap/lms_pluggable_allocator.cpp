@@ -131,9 +131,9 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     allocated_ -= b->requested;
     b->requested = 0;
     const size_t freed = b->size;
-    if (expandable_ && growth_.holds_host_pages(*b)) {
+    if (growth_.holds_host_pages(*b)) {
       // its host pages are unmapped once its own stream is past this free
-      // too, without a device sync (list_free)
+      // too, without a device sync (pending_ lists it)
       b->uses.push_back(b->stream);
     }
     pending_.add(b);
@@ -466,17 +466,6 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     return true;
   }
 
-  // A freed block no stream uses any more, to the free blocks. Its host pages
-  // go back to the host pool first, as the patched build's allocator drops
-  // them on free: a new allocation served there would live on host memory.
-  void list_free(Block* b) {
-    if (expandable_) {
-      growth_.list_dropping_host_pages(b);
-    } else {
-      free_.add(b); // a fixed segment keeps its host pages until they return
-    }
-  }
-
   [[noreturn]] void oom(const Request& r) {
     size_t free_b = 0;
     size_t total_b = 0;
@@ -504,7 +493,11 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   FreeBlocks free_;
   ExpandableSegments growth_{segments_, free_};
   std::unordered_map<void*, Block*> live_;
-  PendingFrees pending_{[this](Block* b) { list_free(b); }};
+  // a freed block no stream uses any more goes to the free blocks, its host
+  // pages back to the host pool first, as the patched build's allocator drops
+  // them on free: a new allocation served there would live on host memory
+  PendingFrees pending_{
+      [this](Block* b) { growth_.list_dropping_host_pages(b); }};
   uint64_t clock_ = 0;
   size_t allocated_ = 0;
   size_t peak_allocated_ = 0;

@@ -43,12 +43,15 @@ class ExpandableSegments {
   using Spans = std::vector<std::pair<Block*, PageSpan>>;
   Spans free_pages() const;
 
-  // Whether free block b (unlisted) holds whole pages on the host.
+  // Whether free block b (unlisted) of an expandable segment holds whole
+  // pages on the host (a fixed segment's block: false).
   bool holds_host_pages(const Block& b) const;
 
-  // Lists free block b, which no stream uses any more: first its whole pages
-  // from the first on the host to the last are unmapped (host pages to the
-  // host pool, no copy), so that no new allocation lands on host memory.
+  // Lists free block b, which no stream uses any more: first, in an
+  // expandable segment, its whole pages from the first on the host to the
+  // last are unmapped (host pages to the host pool, no copy), so that no new
+  // allocation lands on host memory. A fixed segment keeps its host pages
+  // until they come back or the segment is released.
   void list_dropping_host_pages(Block* b);
 
   // Unmaps `spans` (of free_pages(), nothing allocated or freed since):
