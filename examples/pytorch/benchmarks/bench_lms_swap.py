@@ -385,6 +385,10 @@ def main():
     ap.add_argument("--baseline-scales", type=float, nargs="+", default=[1.0],
                     help="scales at which stock and save_on_cpu run (stock does not fit above "
                          "1.0x by the search; save_on_cpu was killed by host memory at 1.0x)")
+    ap.add_argument("--lms-scales", type=float, nargs="+", default=None,
+                    help="scales at which the swapping modes run (default: every one of "
+                         "--scales; 1.0 in --scales for stock's bound, left out here, runs "
+                         "stock alone there)")
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
                     help="the same for every model (runs 19-37: sgd with momentum)")
     ap.add_argument("--base-batch", action="append", default=[], metavar="MODEL=N",
@@ -504,6 +508,8 @@ def main():
                 batch = max(1, int(round(base * scale)))
                 for mode in args.modes:
                     if mode not in SWAPPING and scale not in args.baseline_scales:
+                        continue
+                    if mode in SWAPPING and args.lms_scales and scale not in args.lms_scales:
                         continue
                     elapsed = time.perf_counter() - t_begin
                     row = {"model": model, "scale": scale, "batch": batch, "mode": mode}

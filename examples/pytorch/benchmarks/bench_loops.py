@@ -100,11 +100,37 @@ def load_torchtune_offload():
     spec.loader.exec_module(tl)
     mods.TiedLinear = tl.TiedLinear
     sys.modules["torchtune.modules"] = mods
+    nf4 = _nf4_tensor_where_missing()
     spec = importlib.util.spec_from_file_location(
         "torchtune.training._activation_offloading", root / "training" / "_activation_offloading.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.OffloadActivations, f"module file alone (package: {first[:120]})"
+    how = f"module file alone (package: {first[:120]})"
+    return mod.OffloadActivations, how + (f"; {nf4}" if nf4 else "")
+
+
+def _nf4_tensor_where_missing():
+    """torchtune's offloading module imports torchao's ``NF4Tensor`` only to warn when an NF4
+    weight meets a torchao too old to offload it; these loops hold no NF4 tensor.  Where that
+    import fails (torchao releases after 0.12 moved the class; 0.12 itself does not import on
+    newer torch), a class of that name that nothing is an instance of stands in, and the
+    record says so.  Returns that note, or "" where the real class imports."""
+    import types
+    try:
+        from torchao.dtypes.nf4tensor import NF4Tensor  # noqa: F401
+        return ""
+    except Exception as e:  # noqa: BLE001  (named in the record)
+        why = f"{type(e).__name__}: {e}"
+    try:
+        import torchao
+    except Exception:  # noqa: BLE001
+        torchao = types.ModuleType("torchao")
+        torchao.__version__ = "0"
+        sys.modules["torchao"] = torchao
+    dtypes = types.ModuleType("torchao.dtypes.nf4tensor")
+    dtypes.NF4Tensor = type("NF4Tensor", (), {})
+    sys.modules["torchao.dtypes.nf4tensor"] = dtypes
+    return f"torchao's NF4Tensor stood in ({why[:100]})"
 
 
 # modes that swap: they run at the scales of --lms-scales, and their rows get a bound

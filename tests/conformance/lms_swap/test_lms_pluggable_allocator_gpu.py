@@ -168,14 +168,17 @@ def test_a_job_that_fits_holds_no_host_pages_and_the_reserve_follows_what_moved(
 
 def test_pages_come_back_only_where_they_can_stay():
     """A job growing to 1.5x its 2 GiB limit while it frees a 256 MiB temporary each round:
-    no page comes back while it grows (each would go out again at the next round), and the
-    returns held back are counted.  The oldest tensor, on the host, is freed: its whole pages
-    go back to the host pool.  The newest half of the rest is freed: the older half's pages
-    come back.  Every tensor keeps its bytes."""
+    no tensor's pages come back while it grows (each would go out again at the next round),
+    and the returns held back are counted.  What may come in is a page a new block shares
+    with a swapped neighbour (it must be on the device to be written): less than half a
+    tensor.  (045e426, which returned pages on every free, brought 500 MiB back here.)  The
+    oldest tensor, on the host, is freed: its whole pages go back to the host pool.  The
+    newest half of the rest is freed: the older half's pages come back.  Every tensor keeps
+    its bytes."""
     r = _run("grow", 2 * GiB_MiB, env=SEGMENTS["expandable"])
     grown, dropped, back = r["grown"], r["dropped"], r["back"]
     assert grown["swap_out_bytes"] >= 2**30, r
-    assert grown["swap_in_bytes"] == 0 and grown["returns_held"] > 0, r
+    assert grown["swap_in_bytes"] < r["chunk"] // 2 and grown["returns_held"] > 0, r
     assert grown["host_bytes.current"] - dropped["host_bytes.current"] >= r["chunk"] - 2 * 20 * 2**20, r
     assert dropped["host_pages_dropped_on_free"] > grown["host_pages_dropped_on_free"], r
     assert back["swap_in_bytes"] > 0, r
