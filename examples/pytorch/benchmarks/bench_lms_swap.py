@@ -241,7 +241,6 @@ def child(args):
         a0 = alloc.lms_stats() if alloc else None
         torch.cuda.synchronize()
         step_times = []
-        counters = []  # lms_swap's counters after each timed step, read after its timing
         retries = []  # the caching allocator's retries per timed step (each one stalls)
         r0 = readings(alloc)["alloc_retries"]
         t_timed = time.perf_counter()
@@ -251,12 +250,15 @@ def child(args):
             loss = step()
             torch.cuda.synchronize()
             step_times.append(time.perf_counter() - t0)
-            r1 = readings(alloc)["alloc_retries"]  # outside the timing
+            # outside the timing: the step's retries and counters, printed as the warm-up
+            # steps' are, so that a run cut in its timed steps shows how far it got
+            r1 = readings(alloc)["alloc_retries"]
             retries.append(r1 - r0)
             r0 = r1
-            counters.append(policy_counters())
-        for t, r, c in zip(step_times, retries, counters):  # per-step records after timing
-            per_step.append({"kind": "timed", "s": round(t, 4), "alloc_retries": r, **c})
+            rec = {"kind": "timed", "s": round(step_times[-1], 4), "alloc_retries": retries[-1],
+                   **policy_counters()}
+            per_step.append(rec)
+            print("STEP " + json.dumps(rec), flush=True)
         s1 = lms.stats() if lms else None
         result["per_step"] = per_step
         total = sum(step_times)
