@@ -237,6 +237,33 @@ def test_the_zoo_budget_bounds_the_whole_run(tmp_path):
     assert second["status"] == "not run (time budget)", second
 
 
+def test_the_zoo_runs_swapping_modes_only_at_their_scales(tmp_path):
+    """``--lms-scales`` keeps the swapping modes to their scales: stock runs at 1.0x for the
+    bound, the swapping mode at 1.5x and 2.0x only, not at 1.0x too (each configuration of a
+    model at 1.0x costs a device call half a minute or more)."""
+    child = tmp_path / "child.py"
+    child.write_text("raise SystemExit(3)\n")  # every configuration fails at once
+    record = tmp_path / "zoo.jsonl"
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
+        import bench_lms_swap as bench
+        bench.__dict__["__file__"] = {str(child)!r}
+        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "--base-batch", "resnet50=4",
+                    "--modes", "stock", "lms", "--scales", "1.0", "1.5", "2.0",
+                    "--lms-scales", "1.5", "2.0", "--baseline-scales", "1.0",
+                    "--link-probe-gib", "0", "--out", {str(tmp_path / "out")!r},
+                    "--record", {str(record)!r}, "--table", {str(tmp_path / "zoo.md")!r}]
+        sys.exit(bench.main())
+    """))
+    p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (rec,) = [__import__("json").loads(x) for x in record.read_text().splitlines()]
+    rows = [(r["scale"], r["mode"]) for r in rec["results"]]
+    assert rows == [(1.0, "stock"), (1.5, "lms"), (2.0, "lms")], rec["results"]
+
+
 def _import(name):
     sys.path[:0] = [str(BENCH), str(BENCH.parent)]
     try:
