@@ -162,9 +162,9 @@ def test_a_stopped_parent_records_before_its_child_has_ended(tmp_path):
                 pass
 
 
-def _zoo_stopped_after(tmp_path, child, seconds):
-    """The zoo bench over one lms configuration whose child is ``child``, stopped as an outer
-    timeout stops it (SIGTERM) ``seconds`` after it started: its record and table files."""
+def _zoo_parent(tmp_path, child, *args):
+    """A script that runs the zoo bench with ``args`` (besides its files under ``tmp_path``),
+    every configuration's child being ``child``: the script, the record and the table."""
     record, table = tmp_path / "zoo.jsonl", tmp_path / "zoo.md"
     parent = tmp_path / "parent.py"
     parent.write_text(textwrap.dedent(f"""
@@ -172,12 +172,19 @@ def _zoo_stopped_after(tmp_path, child, seconds):
         sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
         import bench_lms_swap as bench
         bench.__dict__["__file__"] = {str(child)!r}  # run_child starts this file
-        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "--base-batch", "resnet50=4",
-                    "--modes", "lms", "--scales", "1.5", "--link-probe-gib", "0",
+        sys.argv = ["bench_lms_swap.py", *{list(args)!r}, "--link-probe-gib", "0",
                     "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
                     "--table", {str(table)!r}]
         sys.exit(bench.main())
     """))
+    return parent, record, table
+
+
+def _zoo_stopped_after(tmp_path, child, seconds):
+    """The zoo bench over one lms configuration whose child is ``child``, stopped as an outer
+    timeout stops it (SIGTERM) ``seconds`` after it started: its record and table files."""
+    parent, record, table = _zoo_parent(tmp_path, child, "--models", "resnet50", "--base-batch",
+                                        "resnet50=4", "--modes", "lms", "--scales", "1.5")
     p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
     time.sleep(seconds)
     p.send_signal(signal.SIGTERM)
@@ -211,21 +218,10 @@ def test_the_zoo_budget_bounds_the_whole_run(tmp_path):
     """``--budget`` is the whole run's: the last configuration gets what is left of it, not
     a minute past it (an H100 run given 495 s ran on past 505 s, into the outer timeout)."""
     child = _stepping_child(tmp_path)  # never ends by itself: only the timeout ends it
-    record = tmp_path / "zoo.jsonl"
-    parent = tmp_path / "parent.py"
-    parent.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
-        import bench_lms_swap as bench
-        bench.__dict__["__file__"] = {str(child)!r}
-        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "unet", "--base-batch",
-                    "resnet50=4", "--base-batch", "unet=4", "--modes", "lms", "--scales", "1.5",
-                    "--link-probe-gib", "0",
-                    "--timeout", "600", "--budget", "25",
-                    "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
-                    "--table", {str(tmp_path / "zoo.md")!r}]
-        sys.exit(bench.main())
-    """))
+    parent, record, _ = _zoo_parent(
+        tmp_path, child, "--models", "resnet50", "unet", "--base-batch", "resnet50=4",
+        "--base-batch", "unet=4", "--modes", "lms", "--scales", "1.5", "--timeout", "600",
+        "--budget", "25")
     t0 = time.time()
     p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
     took = time.time() - t0
@@ -243,20 +239,10 @@ def test_the_zoo_runs_swapping_modes_only_at_their_scales(tmp_path):
     model at 1.0x costs a device call half a minute or more)."""
     child = tmp_path / "child.py"
     child.write_text("raise SystemExit(3)\n")  # every configuration fails at once
-    record = tmp_path / "zoo.jsonl"
-    parent = tmp_path / "parent.py"
-    parent.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
-        import bench_lms_swap as bench
-        bench.__dict__["__file__"] = {str(child)!r}
-        sys.argv = ["bench_lms_swap.py", "--models", "resnet50", "--base-batch", "resnet50=4",
-                    "--modes", "stock", "lms", "--scales", "1.0", "1.5", "2.0",
-                    "--lms-scales", "1.5", "2.0", "--baseline-scales", "1.0",
-                    "--link-probe-gib", "0", "--out", {str(tmp_path / "out")!r},
-                    "--record", {str(record)!r}, "--table", {str(tmp_path / "zoo.md")!r}]
-        sys.exit(bench.main())
-    """))
+    parent, record, _ = _zoo_parent(
+        tmp_path, child, "--models", "resnet50", "--base-batch", "resnet50=4", "--modes",
+        "stock", "lms", "--scales", "1.0", "1.5", "2.0", "--lms-scales", "1.5", "2.0",
+        "--baseline-scales", "1.0")
     p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     (rec,) = [__import__("json").loads(x) for x in record.read_text().splitlines()]
