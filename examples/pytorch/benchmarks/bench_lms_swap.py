@@ -388,9 +388,9 @@ def main():
                     help="scales at which stock and save_on_cpu run (stock does not fit above "
                          "1.0x by the search; save_on_cpu was killed by host memory at 1.0x)")
     ap.add_argument("--lms-scales", type=float, nargs="+", default=None,
-                    help="scales at which the swapping modes run (default: every one of "
-                         "--scales; 1.0 in --scales for stock's bound, left out here, runs "
-                         "stock alone there)")
+                    help="scales at which the swapping modes run (default: all of --scales); "
+                         "--scales 1.0 1.5 --lms-scales 1.5 runs stock at 1.0x for the bound "
+                         "and the swapping modes at 1.5x only")
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
                     help="the same for every model (runs 19-37: sgd with momentum)")
     ap.add_argument("--base-batch", action="append", default=[], metavar="MODEL=N",

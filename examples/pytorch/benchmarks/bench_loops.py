@@ -112,9 +112,9 @@ def load_torchtune_offload():
 def _nf4_tensor_where_missing():
     """torchtune's offloading module imports torchao's ``NF4Tensor`` only to warn when an NF4
     weight meets a torchao too old to offload it; these loops hold no NF4 tensor.  Where that
-    import fails (torchao releases after 0.12 moved the class; 0.12 itself does not import on
-    newer torch), a class of that name that nothing is an instance of stands in, and the
-    record says so.  Returns that note, or "" where the real class imports."""
+    import fails (torchao 0.18 has the class elsewhere; 0.12, which has it there, did not
+    import on torch 2.13), a class of that name that nothing is an instance of stands in, and
+    the record says so.  Returns that note, or "" where the real class imports."""
     import types
     try:
         from torchao.dtypes.nf4tensor import NF4Tensor  # noqa: F401
