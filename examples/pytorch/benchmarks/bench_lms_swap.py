@@ -54,7 +54,8 @@ from link_rate import GiB, pinned_rates  # noqa: E402
 import children  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
-from zoo_report import SWAPPING, add_bounds, summary_line, write_markdown, write_table  # noqa: E402
+from scale_plan import SWAPPING, runs_at  # noqa: E402
+from zoo_report import add_bounds, summary_line, write_markdown, write_table  # noqa: E402
 from allocator_memory import alloc_totals, readings  # noqa: E402
 
 RECORD = HERE / "records" / "zoo.jsonl"
@@ -509,9 +510,7 @@ def main():
             for scale in args.scales:
                 batch = max(1, int(round(base * scale)))
                 for mode in args.modes:
-                    if mode not in SWAPPING and scale not in args.baseline_scales:
-                        continue
-                    if mode in SWAPPING and args.lms_scales and scale not in args.lms_scales:
+                    if not runs_at(mode, scale, args.baseline_scales, args.lms_scales):
                         continue
                     elapsed = time.perf_counter() - t_begin
                     row = {"model": model, "scale": scale, "batch": batch, "mode": mode}

@@ -48,6 +48,7 @@ from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
 import device_cap  # noqa: E402
 from allocator_memory import alloc_totals, host_gib, readings  # noqa: E402
+from scale_plan import SWAPPING, runs_at  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
 RECORD = HERE / "records" / "loops.jsonl"
@@ -131,10 +132,6 @@ def _nf4_tensor_where_missing():
     dtypes.NF4Tensor = type("NF4Tensor", (), {})
     sys.modules["torchao.dtypes.nf4tensor"] = dtypes
     return f"torchao's NF4Tensor stood in ({why[:100]})"
-
-
-# modes that swap: they run at the scales of --lms-scales, and their rows get a bound
-SWAPPING = ("lms", "pluggable", "pluggable+lms")
 
 
 def child(args):
@@ -462,9 +459,7 @@ def main():
         for scale in args.scales:
             batch = max(1, int(round(base * scale)))
             for mode in args.modes:
-                if mode not in SWAPPING and scale not in args.baseline_scales:
-                    continue
-                if mode in SWAPPING and args.lms_scales and scale not in args.lms_scales:
+                if not runs_at(mode, scale, args.baseline_scales, args.lms_scales):
                     continue
                 row = {"loop": name, "scale": scale, "batch": batch, "mode": mode,
                        "base_batch": base, "commit": commit, "machine": mach,

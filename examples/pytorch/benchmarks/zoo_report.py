@@ -7,12 +7,9 @@ import pathlib
 import records
 from allocator_memory import host_gib
 from link_rate import FACTS_RATES, GiB, pcie_step_s
+from scale_plan import SWAPPING
 
-__all__ = ["SWAPPING", "add_bounds", "summary_line", "table_rows", "write_markdown",
-           "write_table"]
-
-# modes that swap (they run at every scale, and get a bound)
-SWAPPING = ("lms", "pluggable", "pluggable+lms")
+__all__ = ["add_bounds", "summary_line", "table_rows", "write_markdown", "write_table"]
 
 
 def fmt_gib(b):

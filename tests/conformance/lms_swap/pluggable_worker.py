@@ -267,13 +267,11 @@ def grow(limit_mib):
     torch.cuda.synchronize()
     torch.empty(1, device="cuda")  # an allocation lists the frees whose streams are past them
     dropped = dict(alloc.lms_stats())
-    ids = list(range(1, len(kept) + 1))
-    half = len(kept) // 2
-    del kept[half:]  # the newest, on the device: room for the oldest to come back
-    del ids[half:]
+    del kept[len(kept) // 2:]  # the newest, on the device: room for the oldest to come back
     torch.cuda.synchronize()
     back = dict(alloc.lms_stats())
-    bad = [i for i, t in zip(ids, kept) if not bool((t == i).all())]
+    # kept[0] went first, so the tensor at position j holds the value j + 1
+    bad = [i for i, t in enumerate(kept, start=1) if not bool((t == i).all())]
     # every counter of each phase: a failed assertion prints them all
     return {"grown": grown, "dropped": dropped, "back": back, "bad": bad, "chunk": CHUNK}
 

@@ -1,0 +1,19 @@
+"""Which modes a benchmark (bench_lms_swap.py, bench_loops.py) runs at which scales: stock
+and save_on_cpu at ``--baseline-scales`` (stock does not fit above 1.0x), the swapping modes
+at ``--lms-scales`` where given, else at every scale."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+__all__ = ["SWAPPING", "runs_at"]
+
+# modes that swap: they get a bound
+SWAPPING = ("lms", "pluggable", "pluggable+lms")
+
+
+def runs_at(mode: str, scale: float, baseline_scales: Sequence[float],
+            lms_scales: Optional[Sequence[float]]) -> bool:
+    """Whether ``mode`` runs at ``scale``."""
+    if mode not in SWAPPING:
+        return scale in baseline_scales
+    return not lms_scales or scale in lms_scales
