@@ -5,7 +5,9 @@ A loop is built by ``build(name, batch)`` and returns a :class:`Loop`: ``loop.st
 runs iteration ``i`` (one optimizer step, or an evaluation pass where the loop has one)
 with ``ctx()`` (the mode's context: stock, ``save_on_cpu``, lms_swap, torchtune's
 offloading) around forward, and returns ``(kind, units)``: ``"train"`` or ``"eval"``, and
-the tokens or images it processed.  Nothing here knows about swapping.
+the tokens or images it processed.  ``loop.step(i, ctx, phase)`` also puts ``phase(name)``
+around its "forward", "backward" and "optimizer" (as ``zoo.train_step`` does; what
+profile_step.py times).  Nothing here knows about swapping.
 
 Loops (``LOOPS``):
 
@@ -76,17 +78,6 @@ def _opt(model):
     return torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
-def _train(model, opt, loss_of, ctx):
-    """One optimizer step as zoo.train_step runs it (bf16 autocast, ctx around forward)."""
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        with ctx():
-            loss = loss_of()
-    loss.backward()
-    opt.step()
-    return loss
-
-
 def _llama(batch):
     from transformers import LlamaConfig, LlamaForCausalLM
     model, _, _, _ = zoo._decoder(LlamaConfig, LlamaForCausalLM, batch, num_key_value_heads=16)
@@ -121,8 +112,8 @@ def _ckpt_decoder(name, batch):
     ids = torch.randint(0, model.config.vocab_size, (batch, 2048), device=DEV, generator=_gen())
     loss = _logprob_loss if name == "ckpt-logprobs" else _hf_loss
 
-    def step(i, ctx):
-        _train(model, opt, lambda: loss(model, ids), ctx)
+    def step(i, ctx, phase=None):
+        zoo.train_step(lambda: loss(model, ids), opt, ctx, phase)
         return "train", batch * 2048
     return Loop(name, model, opt, step, "tok/s")
 
@@ -135,12 +126,13 @@ def _varlen_decoder(batch):
     data = {s: torch.randint(0, vocab, (batch, s), device=DEV, generator=gen)
             for s in VARLEN_CYCLE}
 
-    def step(i, ctx):
+    def step(i, ctx, phase=None):
         if i % 10 == 4 or i % 10 == 9:
             ids = data[max(VARLEN_CYCLE)]
             model.eval()
             grad = torch.enable_grad() if i % 10 == 9 else torch.no_grad()
-            with grad, torch.autocast("cuda", dtype=torch.bfloat16):
+            mark = phase("forward") if phase else contextlib.nullcontext()
+            with mark, grad, torch.autocast("cuda", dtype=torch.bfloat16):
                 with ctx():
                     loss = model(input_ids=ids, labels=ids).loss
             float(loss)
@@ -148,7 +140,7 @@ def _varlen_decoder(batch):
             model.train()
             return "eval", ids.numel()
         ids = data[VARLEN_CYCLE[i % len(VARLEN_CYCLE)]]
-        _train(model, opt, lambda: model(input_ids=ids, labels=ids).loss, ctx)
+        zoo.train_step(lambda: model(input_ids=ids, labels=ids).loss, opt, ctx, phase)
         return "train", ids.numel()
     return Loop("varlen-decoder", model, opt, step, "tok/s")
 
@@ -168,9 +160,9 @@ def _resnet(batch, compiled=False, blocks=False):
     y = torch.randint(0, 1000, (batch,), device=DEV, generator=gen)
     last = max(1, int(batch * 0.3))
 
-    def step(i, ctx):
+    def step(i, ctx, phase=None):
         n = last if (not compiled and i % 4 == 3) else batch
-        _train(model, opt, lambda: F.cross_entropy(run(x[:n]), y[:n]), ctx)
+        zoo.train_step(lambda: F.cross_entropy(run(x[:n]), y[:n]), opt, ctx, phase)
         return "train", n
     name = "compiled-blocks" if blocks else "compiled" if compiled else "vision-lastbatch"
     return Loop(name, model, opt, step, "img/s")
@@ -185,14 +177,17 @@ def _accum4(batch):
     xs = [torch.randn(batch, 3, 224, 224, device=DEV, generator=gen) for _ in range(4)]
     ys = [torch.randint(0, 1000, (batch,), device=DEV, generator=gen) for _ in range(4)]
 
-    def step(i, ctx):
+    def step(i, ctx, phase=None):
+        phase = phase or (lambda _name: contextlib.nullcontext())
         opt.zero_grad(set_to_none=True)
         for x, y in zip(xs, ys):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with phase("forward"), torch.autocast("cuda", dtype=torch.bfloat16):
                 with ctx():
                     loss = F.cross_entropy(model(x), y) / len(xs)
-            loss.backward()
-        opt.step()
+            with phase("backward"):
+                loss.backward()
+        with phase("optimizer"):
+            opt.step()
         return "train", batch * len(xs)
     return Loop("accum4", model, opt, step, "img/s")
 

@@ -13,6 +13,10 @@ torch.profiler and prints:
 
     python3 examples/pytorch/benchmarks/profile_step.py --model unet --batch 626 --mode lms --out /tmp/p
 
+``--loop NAME`` profiles a loop of loops.py (bench_loops.py's) instead of a zoo model, its
+iterations numbered on from the warm-up (a loop whose shapes cycle profiles the iteration
+that comes next); ``--device-gib h100`` holds it to the H100's size as the benchmarks do.
+
 Run it on the GPU machine; the gzipped Chrome trace lands in --out.
 """
 from __future__ import annotations
@@ -133,10 +137,14 @@ def analyse(trace_path: str) -> None:
 
 def main() -> int:
     import bench_lms_swap as bench
+    import device_cap
+    import loops
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="unet", choices=bench.zoo.MODELS + ("gpt2",))
+    ap.add_argument("--loop", choices=loops.LOOPS,
+                    help="profile this loop of loops.py instead of --model")
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--mode", default="lms", choices=("stock", "lms"))
     ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE")
@@ -151,7 +159,9 @@ def main() -> int:
     ap.add_argument("--max-gpu-gib", type=float,
                     help="cap the device memory the caching allocator may use (as ddp_lms.py)")
     ap.add_argument("--out", required=True)
+    device_cap.add_option(ap)
     a = ap.parse_args()
+    device_cap.pass_to_children(a.device_gib)  # read back by apply() in this process
 
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -161,6 +171,7 @@ def main() -> int:
     if a.max_gpu_gib:
         from ddp_lms import cap_device_memory
         cap_device_memory(0, a.max_gpu_gib)
+    device_cap.apply(torch)
     print(f"THREADS intra-op {torch.get_num_threads()}", flush=True)
     lms = None
     if a.mode == "lms":
@@ -168,19 +179,30 @@ def main() -> int:
         kw = bench.parse_lms_options(a.lms_option)
         if kw:
             lms.configure(**kw)
-    shapes = types.SimpleNamespace(image_size=a.image_size, seq_len=a.seq_len,
-                                   loss_chunk=a.loss_chunk)
-    model, loss_fn, _units, _unit = bench.build(a.model, a.batch, shapes)
-    opt = bench.make_optimizer(model, a.optimizer)
-
     def ctx():
         return lms.swapping() if lms else contextlib.nullcontext()
 
-    def step(phases=False):
-        """bench_lms_swap.py's step, each phase in a record_function range (the trace's
+    if a.loop:
+        loop = loops.build(a.loop, a.batch)
+        opt = loop.opt
+
+        def run(i, phase):
+            loop.step(i, ctx, phase)
+    else:
+        shapes = types.SimpleNamespace(image_size=a.image_size, seq_len=a.seq_len,
+                                       loss_chunk=a.loss_chunk)
+        model, loss_fn, _units, _unit = bench.build(a.model, a.batch, shapes)
+        opt = bench.make_optimizer(model, a.optimizer)
+
+        def run(i, phase):
+            bench.zoo.train_step(loss_fn, opt, ctx, phase)
+
+    def step(i, phases=False):
+        """One step (iteration ``i``), each phase in a record_function range (the trace's
         phases); with ``phases``, CUDA events on the compute stream split its GPU time
-        into forward, backward and optimizer (no added sync)."""
-        marks = []
+        into forward, backward and optimizer (no added sync; a phase that comes more than
+        once, as in gradient accumulation, sums its spans)."""
+        spans = []
         retries = {}
 
         @contextlib.contextmanager
@@ -189,39 +211,43 @@ def main() -> int:
                 if not phases:
                     yield
                     return
-                marks.append(torch.cuda.Event(enable_timing=True))
-                marks[-1].record()
+                begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                 before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+                begin.record()
                 yield
-                retries[name] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - before
+                end.record()
+                spans.append((name, begin, end))
+                retries[name] = (retries.get(name, 0) + torch.cuda.memory_stats().get(
+                    "num_alloc_retries", 0) - before)
 
         t0 = time.perf_counter()
-        bench.zoo.train_step(loss_fn, opt, ctx, phase)
-        if phases:
-            marks.append(torch.cuda.Event(enable_timing=True))
-            marks[-1].record()
+        run(i, phase)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         if phases:
-            f, b, o = (marks[i].elapsed_time(marks[i + 1]) / 1e3 for i in range(3))
-            print(f"PHASES gpu forward {f:.3f} s, backward {b:.3f} s, optimizer {o:.3f} s; "
-                  f"step {t1 - t0:.3f} s; peak {torch.cuda.max_memory_allocated() / 2**30:.1f}"
-                  f" GiB; allocator retries {retries}", flush=True)
+            took = {}
+            for name, begin, end in spans:
+                took[name] = took.get(name, 0.0) + begin.elapsed_time(end) / 1e3
+            print("PHASES gpu " + ", ".join(f"{n} {s:.3f} s" for n, s in took.items())
+                  + f"; step {t1 - t0:.3f} s; peak "
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; allocator retries "
+                  f"{retries}", flush=True)
 
+    i = 0
     for i in range(a.warmup):
         t0 = time.perf_counter()
-        step()
+        step(i)
         print(f"WARMUP {i} {time.perf_counter() - t0:.3f} s", flush=True)
-    for _ in range(a.timed):
+    for i in range(a.warmup, a.warmup + a.timed):
         torch.cuda.reset_peak_memory_stats()
-        step(phases=True)
+        step(i, phases=True)
     if lms:
         print("POLICY", json.dumps({k: v for k, v in lms.stats().items()
                                     if k.startswith(("policy.", "host."))}))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
+        step(a.warmup + a.timed)
     os.makedirs(a.out, exist_ok=True)
-    raw = os.path.join(a.out, f"trace_{a.model}_{a.mode}.json")
+    raw = os.path.join(a.out, f"trace_{a.loop or a.model}_{a.mode}.json")
     prof.export_chrome_trace(raw)
     with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as g:
         shutil.copyfileobj(f, g)
