@@ -35,7 +35,7 @@ class SwapConfig:
         "prefetch_reserve_factor": 1.5,
         "prefetch_depth": 48,
         "prefetch_past_peak": True,
-        "wait_at_retry_points": True,
+        "wait_at_retry_points": False,
         "max_inflight_bytes": 1 * GiB,
         "query_every": 8,
         "plan": True,

@@ -5,19 +5,21 @@ A request that finds no free block large enough makes PyTorch's native caching a
 release its cache and try again.  Before it releases anything it waits for the event of every
 block whose copy still runs (``record_stream``), one by one, and then it unmaps its free pages,
 which the allocations that follow map again.  Under forward's copies out, that stops the compute
-stream until the last queued copy has run, and the unmapping and mapping come on top.  On an
-H200 held to the H100's size, a Llama with every other layer checkpointed at 1.5x waited 0.45 s
-for 40 copies at its loss, once a step, then spent 0.14 s unmapping and mapping.  A UNet did
-the same at its decoder's first concatenation.  Where the copies have already run, their blocks
-are free and merged with their neighbours, and the same request can be served from the cache.
+stream until the last queued copy has run, and the unmapping and mapping come on top.  Profiled
+on an H200 held to the H100's size (run 185), a Llama with every other layer checkpointed at
+1.5x waited 0.45 s for 40 copies inside one allocation of its forward, once a step, and its
+compute went on 0.14 s after the last of them; a UNet at 1.5x did the same in a concatenation
+of its decoder.  Where the copies have run before the request, their blocks are free and merged
+with their neighbours, and the request may be served from the cache.
 
 So every reading of the allocation also reads the allocator's retry count (one
 ``memory_stats`` call gives both; :func:`~.device_memory.alloc_retries`).  A retry that came
 while copies were in flight teaches the offset of the reading before it: the bytes forward had
 saved then.  The next forward of that exact shape waits for all its copies at that offset
-(:meth:`RetryPoints.due`, which the pacer asks at every saved tensor), before the request comes.
-A point where the wait did not spare the retry is dropped for that shape for good, because
-waiting there costs overlap and buys nothing.
+(:meth:`RetryPoints.due`, which the pacer asks at every saved tensor, where the tunable
+``wait_at_retry_points`` is on), before the request comes.  A point where the wait did not
+spare the retry is dropped for that shape for good, because waiting there costs overlap and
+buys nothing.
 
 Invariants: a point is learned only from a retry that came while copies were in flight, and only
 forwards of the exact shape that taught it wait there (the points are kept per shape by
