@@ -20,8 +20,8 @@ the eviction net's interventions.  The bound of an iteration is
 for the same iteration at 1.0x scaled by the units processed; a run's fraction of the
 bound is the sum of its iterations' bounds over the sum of their times.
 
-Each run appends one JSON line per configuration to ``--record`` (commit, machine, torch,
-configuration, every counter) and rewrites the table ``--table`` from all records of the
+Each run appends one JSON line per configuration to ``--record`` (run id from LMS_RUN, date,
+commit, machine, torch, configuration, every counter) and rewrites the table ``--table`` from all records of the
 commit it ran; nobody copies figures by hand.
 
     python bench_loops.py --loops ckpt-decoder varlen-decoder --scales 1.0 1.5 2.0
@@ -415,9 +415,7 @@ def main():
     record.parent.mkdir(parents=True, exist_ok=True)
     log = open(record.parent / "bench_loops.log", "a")
     cmd = "python " + " ".join([os.path.basename(__file__)] + sys.argv[1:])
-    commit = os.environ.get("LMS_COMMIT", "unknown")
-    mach = records_.machine()
-    import torch
+    head = records_.header()  # run (LMS_RUN), date, commit, machine, torch: as the zoo's
     given = {k: int(v) for k, _, v in (b.partition("=") for b in args.base_batch)}
     guard = int(args.host_guard_gib * GiB)
 
@@ -465,8 +463,7 @@ def main():
                 if not runs_at(mode, scale, args.baseline_scales, args.lms_scales):
                     continue
                 row = {"loop": name, "scale": scale, "batch": batch, "mode": mode,
-                       "base_batch": base, "commit": commit, "machine": mach,
-                       "torch": torch.__version__, "command": cmd, "steps_asked": args.steps,
+                       "base_batch": base, **head, "command": cmd, "steps_asked": args.steps,
                        "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
                 if mode.startswith("pluggable") and args.allocator_settings:
                     row["allocator_settings"] = args.allocator_settings
