@@ -486,6 +486,20 @@ def test_a_loops_row_cut_by_the_timeout_says_how_far_it_ran(tmp_path):
     assert "policy.dev0" not in text
 
 
+def test_a_loops_row_names_the_tunables_it_ran_with(tmp_path):
+    """Two lms rows of one run that differ only in an lms_swap tunable (--lms-option) are
+    told apart in the table: the options stand beside the mode."""
+    bench = _import("bench_loops")
+    base = {"loop": "ckpt-some", "scale": 1.5, "batch": 36, "mode": "lms", "commit": "c0ffee0",
+            "machine": {"gpu": "H100"}, "torch": "2.11.0", "command": "python bench_loops.py",
+            "steps_asked": 30, "status": "ok", "steps_done": 30, "net_interventions": 0,
+            "net_interventions_all": 2, "out_gb_per_iter": 33.3, "in_gb_per_iter": 33.3}
+    bench.write_table(tmp_path / "t.md", [base, {**base, "lms_options": ["wait_at_retry_points=1"]}])
+    text = (tmp_path / "t.md").read_text()
+    assert "| ckpt-some | 1.5x | 36 | lms | ok |" in text
+    assert "| ckpt-some | 1.5x | 36 | lms (wait_at_retry_points=1) | ok |" in text
+
+
 def test_a_loops_row_is_compared_with_the_stock_row_of_its_own_commit(tmp_path):
     """The loops table's "vs stock 1.0x": each row against its loop's stock 1.0x row of the
     same commit on the same GPU (an older commit's stock is other code, maybe another card),
@@ -579,3 +593,59 @@ def test_every_allocator_counter_a_step_records_is_one_the_lms_core_prints():
     got = allocator_memory.alloc_totals(_Alloc)
     assert got["alloc.swap_out_bytes"] == 7 and got["alloc.swap_in_time_ns"] == 0
     assert set(got) == {f"alloc.{k}" for k in allocator_memory.ALLOC_TOTALS}
+
+
+def _trace(path):
+    """A profiled step as torch.profiler writes it, cut to what profile_step.py reads: the
+    phase ranges, runtime calls with their correlation ids, kernels on the compute stream,
+    copies on a side stream, and one allocation that blocks the CPU twice."""
+    import gzip
+    import json
+    ev = []
+
+    def x(name, ts, dur, cat="cpu_op", tid=1, **args):
+        ev.append({"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "tid": tid,
+                   "args": args})
+
+    x("lms_forward", 0, 1000, cat="user_annotation")
+    x("lms_backward", 1000, 1000, cat="user_annotation")
+    x("aten::empty_strided", 100, 600)
+    x("cudaEventSynchronize", 200, 200, cat="cuda_runtime")
+    x("cudaEventSynchronize", 400, 300, cat="cuda_runtime")
+    for i, at in enumerate((10, 20, 800, 1100, 1200)):
+        x("cudaLaunchKernel", at, 1, cat="cuda_runtime", correlation=i)
+        x("k", at + 5, 50, cat="kernel", tid=7, stream=7, correlation=i)
+    x("cudaMemcpyAsync", 30, 1, cat="cuda_runtime", correlation=9)
+    x("Memcpy DtoH", 40, 500, cat="gpu_memcpy", tid=13, stream=13, correlation=9,
+      bytes=27_000_000)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+
+
+def test_a_profile_s_figures_are_a_record_and_a_probes_row(tmp_path):
+    """profile_step.py's analysis returns what it prints: the CPU's blocks by call and op,
+    the compute stream's busy time and gaps per phase, the side stream's copies; a record of
+    them is a row of the probes table."""
+    ps = _import("profile_step")
+    rt = _import("record_tables")
+    _trace(tmp_path / "t.json.gz")
+    out = ps.analyse(str(tmp_path / "t.json.gz"))
+    assert out["blocking"] == {"cudaEventSynchronize in aten::empty_strided": {
+        "count": 2, "ms": 0.5, "from_ms": 0.2, "to_ms": 0.7}}
+    assert out["compute"]["busy_ms"] == 0.2 and out["compute"]["gaps"] == 1
+    assert out["compute"]["largest_gaps"][0] == [0.1, 0.7, "forward"]
+    assert out["phases"]["forward"]["busy_ms"] == 0.1
+    side = out["side_streams"][0]
+    assert side["gb"] == 0.03 and side["gb_s"] == 54.0 and side["launched"]["forward"]["copies"] == 1
+    rec = {"run": "9", "date": "2026-12-01", "commit": "abc1234", "machine": {"gpu": "G"},
+           "torch": "2.11", "probe": "profile_ckpt-some_36_lms", "data": {"profile": {
+               "what": "ckpt-some", "batch": 36, "mode": "lms", "lms_options": [],
+               "timed": [{"gpu_s": {"forward": 0.8, "backward": 0.75}, "step_s": 1.57,
+                          "peak_gib": 71.2, "alloc_retries": {"forward": 1}}],
+               "profiled_step": out}}}
+    text = rt.write_table("probes", tmp_path / "probes.md", [rec]).read_text()
+    assert ("| 9 | profile_ckpt-some_36_lms | profile_step.py | ckpt-some batch 36 lms: "
+            "1.570-1.570 s a step (forward 0.800, backward 0.750 on the GPU); profiled: "
+            "compute busy 0.2 of 1.2 ms, 1 gaps of 0.7 ms; copies 0.03 GB at 54.0 GB/s "
+            "(0.0-0.5 ms); longest CPU block: 2x cudaEventSynchronize in aten::empty_strided, "
+            "0.5 ms |") in text

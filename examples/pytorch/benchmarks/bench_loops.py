@@ -153,6 +153,9 @@ def child(args):
     if args.mode in ("lms", "pluggable+lms"):
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
+        if args.lms_option:
+            from bench_lms_swap import parse_lms_options
+            lms.configure(**parse_lms_options(args.lms_option))
         ctx = lms.swapping
     elif args.mode == "save_on_cpu":
         def ctx():
@@ -342,7 +345,8 @@ def write_table(path, records):
                    if seen else "") + f", {r.get('min_mem_available', 0) / 2**30:.1f} GiB "
                    "of host memory left")
         return [
-            r["loop"], f"{r['scale']}x", str(r["batch"]), r["mode"],
+            r["loop"], f"{r['scale']}x", str(r["batch"]),
+            r["mode"] + (f" ({', '.join(r['lms_options'])})" if r.get("lms_options") else ""),
             (status + err
              + (" (timeout hit while it exited, after its result)" if r.get("cut_after_result")
                 else "")).replace("|", "/").replace("\n", " "),
@@ -386,6 +390,10 @@ def main():
     ap.add_argument("--allocator-settings", default="", metavar="SETTINGS",
                     help="the pluggable modes' allocator LMS settings, as "
                          "lms_swap.allocator.enable takes them (e.g. 'lms_defrag:True')")
+    ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an lms_swap tunable for the lms and pluggable+lms modes (repeatable; "
+                         "as bench_lms_swap.py's), e.g. wait_at_retry_points=1; the table "
+                         "shows it beside the mode")
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations among them")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
@@ -467,6 +475,8 @@ def main():
                        "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
                 if mode.startswith("pluggable") and args.allocator_settings:
                     row["allocator_settings"] = args.allocator_settings
+                if mode in ("lms", "pluggable+lms") and args.lms_option:
+                    row["lms_options"] = list(args.lms_option)
                 if remaining() < 30:
                     row["status"] = "not run (time budget)"
                     finish(row, None)
@@ -476,7 +486,8 @@ def main():
                 run_process([sys.executable, __file__, "--child", "--loop", name,
                              "--mode", mode, "--batch", str(batch),
                              "--steps", str(args.steps), "--warmup", str(args.warmup),
-                             "--allocator-settings", args.allocator_settings],
+                             "--allocator-settings", args.allocator_settings]
+                            + [x for opt in row.get("lms_options", ()) for x in ("--lms-option", opt)],
                             min(args.timeout, remaining()), guard, log, env,
                             on_result=lambda r, row=row: finish(row, r))
     records = [json.loads(x) for x in open(record) if x.strip()]

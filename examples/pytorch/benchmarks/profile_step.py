@@ -17,7 +17,8 @@ torch.profiler and prints:
 iterations numbered on from the warm-up (a loop whose shapes cycle profiles the iteration
 that comes next); ``--device-gib h100`` holds it to the H100's size as the benchmarks do.
 
-Run it on the GPU machine; the gzipped Chrome trace lands in --out.
+Run it on the GPU machine; the gzipped Chrome trace lands in --out, and ``--record
+records/probes.jsonl`` appends the figures as one JSON line (RESULTS-probes.md shows it).
 """
 from __future__ import annotations
 
@@ -32,16 +33,23 @@ import sys
 import time
 import types
 
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 
-def analyse(trace_path: str) -> None:
+def _ms(us: float) -> float:
+    return round(us / 1e3, 1)
+
+
+def analyse(trace_path: str) -> dict:
+    """Prints what blocked the CPU, where the compute stream idled and what the side
+    streams copied, and returns the same figures (times in ms from the step's first event)
+    for the run's record."""
     with gzip.open(trace_path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     t0 = min(e["ts"] for e in events)
+    out: dict = {"blocking": {}, "phases": {}, "side_streams": []}
     for s in (e for e in events if "Synchronize" in e["name"]):
         inside = [e for e in events if e.get("tid") == s.get("tid") and e is not s
                   and e["ts"] <= s["ts"] and e["ts"] + e["dur"] >= s["ts"] + s["dur"]]
@@ -49,6 +57,12 @@ def analyse(trace_path: str) -> None:
         where = inside[-1]["name"][:60] if inside else "-"
         print(f"BLOCKING {s['name']} at {(s['ts'] - t0) / 1e3:.1f} ms for "
               f"{s['dur'] / 1e3:.1f} ms in {where}")
+        # by call and the op it ran in: how many, how long, from when to when
+        g = out["blocking"].setdefault(f"{s['name']} in {where}", {
+            "count": 0, "ms": 0.0, "from_ms": _ms(s["ts"] - t0), "to_ms": 0.0})
+        g["count"] += 1
+        g["ms"] = round(g["ms"] + s["dur"] / 1e3, 1)
+        g["to_ms"] = _ms(s["ts"] + s["dur"] - t0)
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     streams: dict = {}
     for e in gpu:
@@ -89,12 +103,18 @@ def analyse(trace_path: str) -> None:
     span = compute[-1]["ts"] + compute[-1]["dur"] - compute[0]["ts"]
     print(f"COMPUTE stream busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms; "
           f"{len(gaps)} gaps over 0.3 ms, {sum(g for _, g in gaps) / 1e3:.1f} ms in all")
+    out["compute"] = {"busy_ms": _ms(busy), "span_ms": _ms(span), "gaps": len(gaps),
+                      "gaps_ms": _ms(sum(g for _, g in gaps)), "largest_gaps": [
+                          [_ms(at - t0), _ms(g), within(phases, at)]
+                          for at, g in sorted(gaps, key=lambda x: -x[1])[:10]]}
     for a, b, name in phases:
         inside = [e for e in compute if phase(e) == name]
         pg = sum(g for at, g in gaps if a <= at < b)
         print(f"PHASE {name} on the GPU: {(b - a) / 1e3:.1f} ms (from {(a - t0) / 1e3:.1f} ms), "
               f"compute busy {sum(e['dur'] for e in inside) / 1e3:.1f} ms, "
               f"compute gaps {pg / 1e3:.1f} ms")
+        out["phases"][name] = {"span_ms": _ms(b - a), "from_ms": _ms(a - t0),
+                               "busy_ms": _ms(sum(e["dur"] for e in inside)), "gaps_ms": _ms(pg)}
     for at, g in sorted(gaps, key=lambda x: -x[1])[:25]:
         print(f"  gap at {(at - t0) / 1e3:.1f} ms ({within(phases, at)}): {g / 1e3:.2f} ms")
     for sid, es in streams.items():
@@ -109,6 +129,10 @@ def analyse(trace_path: str) -> None:
             print(f"SIDE stream {sid}: {len(copies)} copies, {nbytes / 1e9:.1f} GB, "
                   f"{dur / 1e3:.1f} ms busy ({nbytes / max(dur, 1) / 1e3:.1f} GB/s), "
                   f"from {first / 1e3:.1f} to {last / 1e3:.1f} ms")
+            side = {"stream": sid, "copies": len(copies), "gb": round(nbytes / 1e9, 2),
+                    "busy_ms": _ms(dur), "gb_s": round(nbytes / max(dur, 1) / 1e3, 1),
+                    "from_ms": _ms(first), "to_ms": _ms(last), "phases": {}, "launched": {}}
+            out["side_streams"].append(side)
             copies.sort(key=lambda e: e["ts"])
             for a, b, name in phases:
                 # the copy engine's idle time inside the phase's GPU span, and its
@@ -127,15 +151,27 @@ def analyse(trace_path: str) -> None:
                           f"the last")
                     for at, g in sorted(idle, key=lambda x: -x[1])[:8]:
                         print(f"      idle at {(at - t0) / 1e3:.1f} ms: {g / 1e3:.2f} ms")
+                    side["phases"][name] = {
+                        "busy_ms": _ms(sum(e["dur"] for e in inside)),
+                        "idle_ms": _ms(sum(g for _, g in idle)), "before_first_ms": _ms(head),
+                        "after_last_ms": _ms(tail)}
             for name in ("forward", "backward", "optimizer"):
                 mine = [e for e in copies if phase(e) == name]
                 if mine:
                     print(f"    launched in {name}: {len(mine)} copies, "
                           f"{sum(int(e['args'].get('bytes', 0)) for e in mine) / 1e9:.1f} GB, "
                           f"{sum(e['dur'] for e in mine) / 1e3:.1f} ms")
+                    side["launched"][name] = {
+                        "copies": len(mine),
+                        "gb": round(sum(int(e["args"].get("bytes", 0)) for e in mine) / 1e9, 2),
+                        "ms": _ms(sum(e["dur"] for e in mine))}
+    return out
 
 
 def main() -> int:
+    # the benchmarks' allocator for every mode, set before torch is imported (not at this
+    # module's import: a test that imports analyse() keeps its own environment)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     import bench_lms_swap as bench
     import device_cap
     import loops
@@ -159,6 +195,9 @@ def main() -> int:
     ap.add_argument("--max-gpu-gib", type=float,
                     help="cap the device memory the caching allocator may use (as ddp_lms.py)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--record", metavar="PATH",
+                    help="append the run's figures as one JSON line (records/probes.jsonl's "
+                         "form: run id from LMS_RUN, date, commit, machine, torch, the data)")
     device_cap.add_option(ap)
     a = ap.parse_args()
     device_cap.pass_to_children(a.device_gib)  # read back by apply() in this process
@@ -197,6 +236,8 @@ def main() -> int:
         def run(i, phase):
             bench.zoo.train_step(loss_fn, opt, ctx, phase)
 
+    timed = []  # each timed step's phases on the GPU, its time, peak and allocator retries
+
     def step(i, phases=False):
         """One step (iteration ``i``), each phase in a record_function range (the trace's
         phases); with ``phases``, CUDA events on the compute stream split its GPU time
@@ -228,16 +269,20 @@ def main() -> int:
             took = {}
             for name, begin, end in spans:
                 took[name] = took.get(name, 0.0) + begin.elapsed_time(end) / 1e3
+            peak = torch.cuda.max_memory_allocated() / 2**30
             print("PHASES gpu " + ", ".join(f"{n} {s:.3f} s" for n, s in took.items())
-                  + f"; step {t1 - t0:.3f} s; peak "
-                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; allocator retries "
+                  + f"; step {t1 - t0:.3f} s; peak {peak:.1f} GiB; allocator retries "
                   f"{retries}", flush=True)
+            timed.append({"gpu_s": {n: round(s, 4) for n, s in took.items()},
+                          "step_s": round(t1 - t0, 4), "peak_gib": round(peak, 2),
+                          "alloc_retries": retries})
 
-    i = 0
+    warmup = []
     for i in range(a.warmup):
         t0 = time.perf_counter()
         step(i)
-        print(f"WARMUP {i} {time.perf_counter() - t0:.3f} s", flush=True)
+        warmup.append(round(time.perf_counter() - t0, 3))
+        print(f"WARMUP {i} {warmup[-1]:.3f} s", flush=True)
     for i in range(a.warmup, a.warmup + a.timed):
         torch.cuda.reset_peak_memory_stats()
         step(i, phases=True)
@@ -253,9 +298,22 @@ def main() -> int:
         shutil.copyfileobj(f, g)
     os.remove(raw)
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15))
-    analyse(raw + ".gz")
+    profiled = analyse(raw + ".gz")
+    stats = lms.stats() if lms else {}
     if lms:
-        print("LMS", json.dumps({k: v for k, v in lms.stats().items() if k.startswith("swap.")}))
+        print("LMS", json.dumps({k: v for k, v in stats.items() if k.startswith("swap.")}))
+    if a.record:
+        import records
+        what = a.loop or a.model
+        records.append(a.record, {
+            **records.header(), "probe": f"profile_{what}_{a.batch}_{a.mode}",
+            "data": {"command": "python " + " ".join(
+                         [os.path.basename(__file__)] + sys.argv[1:]),
+                     "profile": {"what": what, "batch": a.batch, "mode": a.mode,
+                                 "lms_options": a.lms_option, "warmup_s": warmup,
+                                 "timed": timed, "profiled_step": profiled,
+                                 "lms_stats": {k: v for k, v in stats.items()
+                                               if v is not None}}}})
     return 0
 
 

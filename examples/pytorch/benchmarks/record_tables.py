@@ -242,16 +242,45 @@ PROBE_COLUMNS = [
     ("run", "the run's id"),
     ("probe", "the file the run wrote (`probe`)"),
     ("kind", "what wrote it: `bench_lms_swap.py` (one configuration of the zoo benchmark), "
-             "`net_cost.py`, `vmm_costs.cu`, `region_costs.cu`"),
+             "`net_cost.py`, `vmm_costs.cu`, `region_costs.cu`, `profile_step.py`"),
     ("figures", "bench_lms_swap: model, scale, batch, result, seconds a step, % of the bound, "
                 "GiB out/in a step; net_cost: per round, GB moved and GB/s of eviction, fetch "
                 "and populate; vmm_costs: pinned copy GB/s, host handle creation GB/s by "
                 "threads, each spill variant's GB/s; region_costs: per round, seconds of each "
-                "piece of growing a pool by one region"),
+                "piece of growing a pool by one region; profile_step: seconds a timed step and "
+                "its phases on the GPU, the profiled step's compute stream busy and idle, its "
+                "copies each way, and the CPU's longest block"),
 ]
 
 
+def _profile(p: dict) -> str:
+    """profile_step.py's figures, as one cell."""
+    timed = p.get("timed") or []
+    s = f"{p.get('what')} batch {p.get('batch')} {p.get('mode')}"
+    if p.get("lms_options"):
+        s += " (" + ", ".join(p["lms_options"]) + ")"
+    if timed:
+        steps = [t["step_s"] for t in timed]
+        s += f": {min(steps):.3f}-{max(steps):.3f} s a step"
+        phases = timed[-1].get("gpu_s") or {}
+        s += " (" + ", ".join(f"{n} {v:.3f}" for n, v in phases.items()) + " on the GPU)"
+    prof = p.get("profiled_step") or {}
+    c = prof.get("compute")
+    if c:
+        s += (f"; profiled: compute busy {c['busy_ms']} of {c['span_ms']} ms, "
+              f"{c['gaps']} gaps of {c['gaps_ms']} ms")
+    for side in prof.get("side_streams") or []:
+        s += f"; copies {side['gb']} GB at {side['gb_s']} GB/s ({side['from_ms']}-{side['to_ms']} ms)"
+    blocks = prof.get("blocking") or {}
+    if blocks:
+        name, b = max(blocks.items(), key=lambda kv: kv[1]["ms"])
+        s += f"; longest CPU block: {b['count']}x {name}, {b['ms']} ms"
+    return s
+
+
 def _probe(data: dict):
+    if "profile" in data:
+        return "profile_step.py", _profile(data["profile"])
     if "unreadable" in data:
         return "?", f"not kept: the file did not parse ({data['unreadable']})"
     if "results" in data:
