@@ -39,8 +39,9 @@ __all__ = ["RetryPoints"]
 class RetryPoints:
     """Learns and serves the points where forward waits for its copies, for the swapper that
     owns it: ``retries_of(index)`` is the allocator's retry count as of the last reading of
-    device ``index`` (None where the allocator keeps none).  Counts in ``counts``:
-    ``retry_points_learned``, ``retry_point_waits``, ``retry_points_dropped``."""
+    device ``index`` (None where the allocator keeps none).  Counts in ``counts``: the points
+    learned (``retry_points_learned``), those reached, where forward waited for whatever copies
+    were still in flight (``retry_point_waits``), and those dropped (``retry_points_dropped``)."""
 
     def __init__(self, retries_of: Callable[[int], Optional[int]]) -> None:
         self._retries_of = retries_of
