@@ -83,6 +83,7 @@ def test_a_retry_while_copies_run_teaches_the_reading_before_it():
     _forward(f, retry_at=4)          # the retry came between the readings at 8 and 10 GiB
     assert not any(c.waited for c in f.copies)  # (nothing learned yet: no wait)
     assert f.points.counts["retry_points_learned"] == 1
+    assert f.points.counts["retries_under_copies"] == 1
     f.begin()
     assert f.st.drain_at == [8 * GiB]
 
@@ -96,6 +97,7 @@ def test_the_next_forward_waits_for_every_copy_at_the_point():
     assert f.points.counts["retry_point_waits"] == 1
     f.begin()
     assert f.st.drain_at == [8 * GiB]  # it spared the retry: kept
+    assert f.points.counts["retries_under_copies"] == 1  # (the first forward's only)
 
 
 def test_a_point_whose_wait_did_not_spare_the_retry_is_dropped_for_good():
@@ -107,6 +109,7 @@ def test_a_point_whose_wait_did_not_spare_the_retry_is_dropped_for_good():
     assert f.st.drain_at == [] and f.st.drain_dropped == [8 * GiB]
     _forward(f, retry_at=4)          # the same retry with copies in flight: not learned again
     assert f.points.counts["retry_points_learned"] == 1
+    assert f.points.counts["retries_under_copies"] == 2  # (the first and the last forward)
     assert not any(c.waited for c in f.copies)
 
 
@@ -148,4 +151,5 @@ def test_the_option_is_checked_and_reported():
     assert SwapConfig().wait_at_retry_points is False  # (until a GPU run has measured it)
     with pytest.raises(ValueError, match="wait_at_retry_points"):
         SwapConfig(wait_at_retry_points="yes")
-    assert {"retry_points_learned", "retry_point_waits", "retry_points_dropped"} <= set(SWAP_KEYS)
+    assert {"retries_under_copies", "retry_points_learned", "retry_point_waits",
+            "retry_points_dropped"} <= set(SWAP_KEYS)

@@ -220,8 +220,8 @@ def child(args):
                 "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
                 "policy.dev0.slack_bytes", "host.releasing_bytes",
                 # where the caching allocator released its cache while copies ran
-                "swap.retry_points_learned", "swap.retry_point_waits",
-                "swap.retry_points_dropped",
+                "swap.retries_under_copies", "swap.retry_points_learned",
+                "swap.retry_point_waits", "swap.retry_points_dropped",
                 # what the allocator held when the net last caught an error
                 "guard.ooms_caught", "guard.shared_skipped", "guard.last_oom_request",
                 "guard.last_oom_allocated", "guard.last_oom_reserved",

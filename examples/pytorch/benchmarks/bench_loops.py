@@ -62,8 +62,8 @@ LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard
                 "swap.plan_base_raises", "swap.plan_raises_undone", "swap.throttle_waits",
                 "swap.inflight_bounded", "swap.throttle_wait_ms",
                 # where the caching allocator released its cache while copies ran
-                "swap.retry_points_learned", "swap.retry_point_waits",
-                "swap.retry_points_dropped")
+                "swap.retries_under_copies", "swap.retry_points_learned",
+                "swap.retry_point_waits", "swap.retry_points_dropped")
 LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
               "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
               "policy.dev0.step_base_bytes", "policy.dev0.base_extra_bytes",

@@ -113,8 +113,8 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     map again), forward waits for its copies just before that point, so that the request
     finds their blocks free (:mod:`.retry_points`; ``swap.retry_point_waits``).  A point
     where waiting did not spare the release is dropped for good.  The points are learned
-    either way: ``swap.retry_points_learned`` counts the places where the allocator released
-    its cache while copies ran.  (On an H200 held to the H100's size, a Llama with every other layer checkpointed
+    either way: ``swap.retries_under_copies`` counts the allocator's releases in forward
+    while copies ran, ``swap.retry_points_learned`` the places they taught.  (On an H200 held to the H100's size, a Llama with every other layer checkpointed
     at 1.5x stopped its compute stream that way once a step in forward: 0.45 s waiting for
     40 copies, then 0.14 s unmapping and mapping.)
 ``plan``

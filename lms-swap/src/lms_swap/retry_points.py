@@ -39,9 +39,11 @@ __all__ = ["RetryPoints"]
 class RetryPoints:
     """Learns and serves the points where forward waits for its copies, for the swapper that
     owns it: ``retries_of(index)`` is the allocator's retry count as of the last reading of
-    device ``index`` (None where the allocator keeps none).  Counts in ``counts``: the points
-    learned (``retry_points_learned``), those reached, where forward waited for whatever copies
-    were still in flight (``retry_point_waits``), and those dropped (``retry_points_dropped``)."""
+    device ``index`` (None where the allocator keeps none).  Counts in ``counts``: the
+    allocator's releases seen in forward while copies ran (``retries_under_copies``), the
+    points learned from them (``retry_points_learned``), those reached, where forward waited
+    for whatever copies were still in flight (``retry_point_waits``), and those dropped
+    (``retry_points_dropped``)."""
 
     def __init__(self, retries_of: Callable[[int], Optional[int]]) -> None:
         self._retries_of = retries_of
@@ -94,6 +96,7 @@ class RetryPoints:
             if busy or st.swapped_in_fwd - swaps > 1:
                 # copies were in flight between the two readings: wait for them at the
                 # earlier one next time
+                self.counts["retries_under_copies"] += 1
                 if offset not in (st.drain_dropped or ()) and offset not in (st.drain_at or ()):
                     st.retry_learned.append(offset)
                     self.counts["retry_points_learned"] += 1
