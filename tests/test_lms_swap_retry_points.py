@@ -153,3 +153,19 @@ def test_the_option_is_checked_and_reported():
         SwapConfig(wait_at_retry_points="yes")
     assert {"retries_under_copies", "retry_points_learned", "retry_point_waits",
             "retry_points_dropped"} <= set(SWAP_KEYS)
+
+
+def test_copies_that_have_run_are_not_in_flight():
+    """A retry after a reading whose queued copies had all run (the pacer had not yet looked)
+    teaches nothing."""
+    f = Forward()
+    f.begin()
+    for i in range(3):
+        f.save(2 * GiB)
+    for c in f.copies:
+        c.done = True                # they ran; st.inflight still lists them
+    f.read()
+    f.retries += 1
+    f.read()
+    f.begin()
+    assert not f.st.drain_at and f.points.counts["retries_under_copies"] == 0

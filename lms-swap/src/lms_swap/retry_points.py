@@ -110,6 +110,9 @@ class RetryPoints:
         if (waited is None and mark is not None and not mark[1]
                 and st.swapped_in_fwd == mark[4]):
             waited = mark[3]  # nothing queued since the wait: still the wait's reading
-        st.retry_mark = (st.saved, bool(st.inflight), retries, waited, st.swapped_in_fwd)
+        # copies in flight: the newest copy out has not run (they run in order on one stream;
+        # the pacer forgets finished ones only when it next looks)
+        busy = bool(st.inflight) and not st.inflight[-1][0].query()
+        st.retry_mark = (st.saved, busy, retries, waited, st.swapped_in_fwd)
         st.drain_last = None
 
