@@ -7,9 +7,9 @@ block whose copy still runs (``record_stream``), one by one, and then it unmaps 
 which the allocations that follow map again.  Under forward's copies out, that stops the compute
 stream until the last queued copy has run, and the unmapping and mapping come on top.  Profiled
 on an H200 held to the H100's size (run 185), a Llama with every other layer checkpointed at
-1.5x waited 0.45 s for 40 copies inside one allocation of its forward, once a step, and its
-compute went on 0.14 s after the last of them; a UNet at 1.5x did the same in a concatenation
-of its decoder.  Where the copies have run before the request, their blocks are free and merged
+1.5x waited 0.43 s for 51 copy events (34 still running) in one allocation of its forward,
+once a step, and its compute went on 0.14 s after the last of them; a UNet at 1.5x did the
+same in a concatenation of its decoder.  Where the copies have run before the request, their blocks are free and merged
 with their neighbours, and the request may be served from the cache.
 
 So every reading of the allocation also reads the allocator's retry count (one
