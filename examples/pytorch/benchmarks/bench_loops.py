@@ -21,8 +21,8 @@ for the same iteration at 1.0x scaled by the units processed; a run's fraction o
 bound is the sum of its iterations' bounds over the sum of their times.
 
 Each run appends one JSON line per configuration to ``--record`` (run id from LMS_RUN, date,
-commit, machine, torch, configuration, every counter) and rewrites the table ``--table`` from all records of the
-commit it ran; nobody copies figures by hand.
+commit, machine, torch, configuration, every counter) and rewrites the table ``--table``
+from all records of the commit it ran; nobody copies figures by hand.
 
     python bench_loops.py --loops ckpt-decoder varlen-decoder --scales 1.0 1.5 2.0
 """
