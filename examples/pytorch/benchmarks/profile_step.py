@@ -101,20 +101,20 @@ def analyse(trace_path: str) -> dict:
             for a, b in zip(compute, compute[1:]) if b["ts"] - a["ts"] - a["dur"] > 300]
     busy = sum(e["dur"] for e in compute)
     span = compute[-1]["ts"] + compute[-1]["dur"] - compute[0]["ts"]
+    gaps_us = sum(g for _, g in gaps)
     print(f"COMPUTE stream busy {busy / 1e3:.1f} ms of {span / 1e3:.1f} ms; "
-          f"{len(gaps)} gaps over 0.3 ms, {sum(g for _, g in gaps) / 1e3:.1f} ms in all")
+          f"{len(gaps)} gaps over 0.3 ms, {gaps_us / 1e3:.1f} ms in all")
     out["compute"] = {"busy_ms": _ms(busy), "span_ms": _ms(span), "gaps": len(gaps),
-                      "gaps_ms": _ms(sum(g for _, g in gaps)), "largest_gaps": [
+                      "gaps_ms": _ms(gaps_us), "largest_gaps": [
                           [_ms(at - t0), _ms(g), within(phases, at)]
                           for at, g in sorted(gaps, key=lambda x: -x[1])[:10]]}
     for a, b, name in phases:
-        inside = [e for e in compute if phase(e) == name]
+        pbusy = sum(e["dur"] for e in compute if phase(e) == name)
         pg = sum(g for at, g in gaps if a <= at < b)
         print(f"PHASE {name} on the GPU: {(b - a) / 1e3:.1f} ms (from {(a - t0) / 1e3:.1f} ms), "
-              f"compute busy {sum(e['dur'] for e in inside) / 1e3:.1f} ms, "
-              f"compute gaps {pg / 1e3:.1f} ms")
+              f"compute busy {pbusy / 1e3:.1f} ms, compute gaps {pg / 1e3:.1f} ms")
         out["phases"][name] = {"span_ms": _ms(b - a), "from_ms": _ms(a - t0),
-                               "busy_ms": _ms(sum(e["dur"] for e in inside)), "gaps_ms": _ms(pg)}
+                               "busy_ms": _ms(pbusy), "gaps_ms": _ms(pg)}
     for at, g in sorted(gaps, key=lambda x: -x[1])[:25]:
         print(f"  gap at {(at - t0) / 1e3:.1f} ms ({within(phases, at)}): {g / 1e3:.2f} ms")
     for sid, es in streams.items():
@@ -144,27 +144,26 @@ def analyse(trace_path: str) -> dict:
                 if inside:
                     head = inside[0]["ts"] - a
                     tail = b - inside[-1]["ts"] - inside[-1]["dur"]
-                    print(f"    in {name}'s span: copies busy "
-                          f"{sum(e['dur'] for e in inside) / 1e3:.1f} ms, idle over 0.1 ms "
-                          f"{sum(g for _, g in idle) / 1e3:.1f} ms in {len(idle)} stretches, "
+                    cbusy = sum(e["dur"] for e in inside)
+                    cidle = sum(g for _, g in idle)
+                    print(f"    in {name}'s span: copies busy {cbusy / 1e3:.1f} ms, idle over "
+                          f"0.1 ms {cidle / 1e3:.1f} ms in {len(idle)} stretches, "
                           f"{head / 1e3:.1f} ms before the first, {tail / 1e3:.1f} ms after "
                           f"the last")
                     for at, g in sorted(idle, key=lambda x: -x[1])[:8]:
                         print(f"      idle at {(at - t0) / 1e3:.1f} ms: {g / 1e3:.2f} ms")
                     side["phases"][name] = {
-                        "busy_ms": _ms(sum(e["dur"] for e in inside)),
-                        "idle_ms": _ms(sum(g for _, g in idle)), "before_first_ms": _ms(head),
-                        "after_last_ms": _ms(tail)}
+                        "busy_ms": _ms(cbusy), "idle_ms": _ms(cidle),
+                        "before_first_ms": _ms(head), "after_last_ms": _ms(tail)}
             for name in ("forward", "backward", "optimizer"):
                 mine = [e for e in copies if phase(e) == name]
                 if mine:
+                    mbytes = sum(int(e["args"].get("bytes", 0)) for e in mine)
+                    mdur = sum(e["dur"] for e in mine)
                     print(f"    launched in {name}: {len(mine)} copies, "
-                          f"{sum(int(e['args'].get('bytes', 0)) for e in mine) / 1e9:.1f} GB, "
-                          f"{sum(e['dur'] for e in mine) / 1e3:.1f} ms")
-                    side["launched"][name] = {
-                        "copies": len(mine),
-                        "gb": round(sum(int(e["args"].get("bytes", 0)) for e in mine) / 1e9, 2),
-                        "ms": _ms(sum(e["dur"] for e in mine))}
+                          f"{mbytes / 1e9:.1f} GB, {mdur / 1e3:.1f} ms")
+                    side["launched"][name] = {"copies": len(mine),
+                                              "gb": round(mbytes / 1e9, 2), "ms": _ms(mdur)}
     return out
 
 
@@ -223,7 +222,6 @@ def main() -> int:
 
     if a.loop:
         loop = loops.build(a.loop, a.batch)
-        opt = loop.opt
 
         def run(i, phase):
             loop.step(i, ctx, phase)

@@ -49,12 +49,17 @@ def largest_batch(fits, lo, hi):
     return best
 
 
+def no_phase(_name):
+    """The phase marker where nobody asked for one (see train_step): nothing."""
+    return contextlib.nullcontext()
+
+
 def train_step(loss_fn, opt, ctx, phase=None):
     """One training step, as the benchmarks, profile_step.py and ../ddp_lms.py run every
     model: bf16 autocast, the mode's context (``ctx()``, e.g. lms_swap.swapping) around
     forward.  ``phase(name)``, when given, returns a context manager put around
     "forward", "backward" and "optimizer"."""
-    phase = phase or (lambda _name: contextlib.nullcontext())
+    phase = phase or no_phase
     opt.zero_grad(set_to_none=True)
     with phase("forward"):
         with torch.autocast("cuda", dtype=torch.bfloat16):
