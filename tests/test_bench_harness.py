@@ -8,6 +8,7 @@ outer ``timeout`` or Ctrl-C stops it, and the child must be gone afterwards.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -486,6 +487,42 @@ def test_a_loops_row_cut_by_the_timeout_says_how_far_it_ran(tmp_path):
     assert "policy.dev0" not in text
 
 
+def test_a_row_cut_by_the_run_s_budget_says_so_not_timeout(tmp_path):
+    """A configuration whose limit was what was left of the whole run's budget (less than
+    --timeout) reads as cut by the budget, so nobody takes it for the mode being too slow."""
+    bench = _import("bench_loops")
+    rec = {"loop": "ckpt-decoder", "scale": 2.0, "batch": 144, "mode": "lms", "commit": "c0ffee0",
+           "machine": {"gpu": "H100"}, "torch": "2.11.0", "command": "python bench_loops.py",
+           "steps_asked": 30, "status": "timeout (37.38725545700004s)", "steps_done": 0,
+           "cut_by_budget": True, "step_s_seen": []}
+    bench.write_table(tmp_path / "t.md", [rec])
+    text = (tmp_path / "t.md").read_text()
+    assert "cut by the run's time budget (37 s left) after 0 of 30 iterations" in text, text
+    assert "timeout (37 s)" not in text
+
+
+def test_a_loops_config_limited_by_the_budget_is_marked(tmp_path, monkeypatch):
+    """The harness marks a row whose limit the remaining budget set (100 s left, --timeout 300)."""
+    bench = _import("bench_loops")
+    seen = []
+
+    def fake_run(argv, timeout, guard, log, env, on_result=None):
+        seen.append(timeout)
+        r = {"status": "timeout (99.0s)", "steps_done": 0}
+        on_result(r)
+        return r
+
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    monkeypatch.setattr(sys, "argv", ["bench_loops.py", "--loops", "ckpt-some", "--base-batch",
+                                      "ckpt-some=24", "--modes", "stock", "--scales", "1.0",
+                                      "--timeout", "300", "--budget", "100",
+                                      "--record", str(tmp_path / "r.jsonl"),
+                                      "--table", str(tmp_path / "t.md")])
+    bench.main()
+    rows = [json.loads(x) for x in open(tmp_path / "r.jsonl")]
+    assert rows[0].get("cut_by_budget") is True and seen[0] <= 100
+
+
 def test_a_loops_row_names_the_tunables_it_ran_with(tmp_path):
     """Two lms rows of one run that differ only in an lms_swap tunable (--lms-option) are
     told apart in the table: the options stand beside the mode."""
@@ -494,10 +531,10 @@ def test_a_loops_row_names_the_tunables_it_ran_with(tmp_path):
             "machine": {"gpu": "H100"}, "torch": "2.11.0", "command": "python bench_loops.py",
             "steps_asked": 30, "status": "ok", "steps_done": 30, "net_interventions": 0,
             "net_interventions_all": 2, "out_gb_per_iter": 33.3, "in_gb_per_iter": 33.3}
-    bench.write_table(tmp_path / "t.md", [base, {**base, "lms_options": ["wait_at_retry_points=1"]}])
+    bench.write_table(tmp_path / "t.md", [base, {**base, "lms_options": ["prefetch_depth=96"]}])
     text = (tmp_path / "t.md").read_text()
     assert "| ckpt-some | 1.5x | 36 | lms | ok |" in text
-    assert "| ckpt-some | 1.5x | 36 | lms (wait_at_retry_points=1) | ok |" in text
+    assert "| ckpt-some | 1.5x | 36 | lms (prefetch_depth=96) | ok |" in text
 
 
 def test_a_loops_row_is_compared_with_the_stock_row_of_its_own_commit(tmp_path):

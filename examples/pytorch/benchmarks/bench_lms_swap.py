@@ -219,9 +219,6 @@ def child(args):
                 "policy.dev0.prefetch_reserve_bytes",
                 "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
                 "policy.dev0.slack_bytes", "host.releasing_bytes",
-                # where the caching allocator released its cache while copies ran
-                "swap.retries_under_copies", "swap.retry_points_learned",
-                "swap.retry_point_waits", "swap.retry_points_dropped",
                 # what the allocator held when the net last caught an error
                 "guard.ooms_caught", "guard.shared_skipped", "guard.last_oom_request",
                 "guard.last_oom_allocated", "guard.last_oom_reserved",
@@ -538,6 +535,8 @@ def main():
                             cap = args.save_on_cpu_timeout
                         # the budget bounds the whole run, the last configuration included
                         timeout = min(cap, args.budget - elapsed)
+                        if timeout < cap:
+                            row["cut_by_budget"] = True  # a cut says the budget made it
                         running[:] = [row, stock_rate]
                         r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log,
                                       on_result=lambda res, row=row, rate=stock_rate:

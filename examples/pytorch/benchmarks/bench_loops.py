@@ -60,10 +60,7 @@ LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard
                 "swap.backward_saves", "swap.prefetched", "guard.host_bytes", "host.pin_ms",
                 "host.evictions", "swap.guard_forward_bytes", "swap.guard_backward_bytes",
                 "swap.plan_base_raises", "swap.plan_raises_undone", "swap.throttle_waits",
-                "swap.inflight_bounded", "swap.throttle_wait_ms",
-                # where the caching allocator released its cache while copies ran
-                "swap.retries_under_copies", "swap.retry_points_learned",
-                "swap.retry_point_waits", "swap.retry_points_dropped")
+                "swap.inflight_bounded", "swap.throttle_wait_ms")
 LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
               "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
               "policy.dev0.step_base_bytes", "policy.dev0.base_extra_bytes",
@@ -392,7 +389,7 @@ def main():
                          "lms_swap.allocator.enable takes them (e.g. 'lms_defrag:True')")
     ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an lms_swap tunable for the lms and pluggable+lms modes (repeatable; "
-                         "as bench_lms_swap.py's), e.g. wait_at_retry_points=1; the table "
+                         "as bench_lms_swap.py's), e.g. prefetch_depth=96; the table "
                          "shows it beside the mode")
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations among them")
@@ -483,12 +480,16 @@ def main():
                     continue
                 # run_process hands the result to finish before a stop of the bench
                 # (Stopped) ends it: a cut run is recorded as far as it ran
+                limit = min(args.timeout, remaining())
+                if limit < args.timeout:
+                    # the run's budget, not --timeout, limits it: a cut says so
+                    row["cut_by_budget"] = True
                 run_process([sys.executable, __file__, "--child", "--loop", name,
                              "--mode", mode, "--batch", str(batch),
                              "--steps", str(args.steps), "--warmup", str(args.warmup),
                              "--allocator-settings", args.allocator_settings]
                             + [x for opt in row.get("lms_options", ()) for x in ("--lms-option", opt)],
-                            min(args.timeout, remaining()), guard, log, env,
+                            limit, guard, log, env,
                             on_result=lambda r, row=row: finish(row, r))
     records = [json.loads(x) for x in open(record) if x.strip()]
     write_table(pathlib.Path(args.table), records)

@@ -106,17 +106,6 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     rest of backward is then prefetched instead of fetched on demand.  (A checkpointed
     Llama at twice stock's batch on the H100: 21 of 21 swapped tensors fetched on
     demand each step, 70.6% of the PCIe bound, before; 5 of 21 and 75.0% with it.)
-``wait_at_retry_points``
-    (default False: not yet measured on a GPU) where the caching allocator, in the last
-    forward of the same shape, had to release its cache while copies out were running (it
-    then waits for every one of them and unmaps its free pages, which the next allocations
-    map again), forward waits for its copies just before that point, so that the request
-    finds their blocks free (:mod:`.retry_points`; ``swap.retry_point_waits``).  A point
-    where waiting did not spare the release is dropped for good.  The points are learned
-    either way: ``swap.retries_under_copies`` counts the allocator's releases in forward
-    while copies ran, ``swap.retry_points_learned`` the places they taught.  (On an H200 held to the H100's size, a Llama with every other layer checkpointed
-    at 1.5x stopped its compute stream that way once a step in forward: 0.43 s waiting for
-    51 copy events, 34 of them still running, then 0.14 s unmapping and mapping.)
 ``plan``
     (default True) learn from each step how many bytes had to be swapped and, in the
     next step, swap that much from the *start* of forward: the copies out then overlap

@@ -20,18 +20,16 @@ class CopyPacer:
     """How far forward's copies to the host may run behind it, for the swapper that owns it:
     ``config`` (its tunables), ``limit_of(st)`` and ``allocated_of(st)`` (the device limit it
     aims under and a reading of the allocation), ``pass_id()`` (the backward passes so far).
-    ``points`` (a :class:`~.retry_points.RetryPoints`) says where forward waits for all its
-    copies.  Counts its waits in ``counts`` (``throttle_waits``, ``inflight_bounded``) and the
-    time they took in ``throttle_s``."""
+    Counts its waits in ``counts`` (``throttle_waits``, ``inflight_bounded``) and the time
+    they took in ``throttle_s``."""
 
     def __init__(self, config: Any, limit_of: Callable[[DevState], int],
                  allocated_of: Callable[[DevState], int],
-                 pass_id: Callable[[], int], points: Any = None) -> None:
+                 pass_id: Callable[[], int]) -> None:
         self.config = config
         self._limit_of = limit_of
         self._allocated_of = allocated_of
         self._pass_id = pass_id
-        self._points = points
         self.reset()
 
     def reset(self) -> None:
@@ -59,12 +57,6 @@ class CopyPacer:
         if st.index is None:
             return
         self.drain(st, wait=False)
-        if (self._points is not None and self.config.wait_at_retry_points
-                and self._points.due(st) is not None):
-            # the allocator released its cache here last time, waiting for every copy:
-            # those copies run out first, and the request finds their blocks free
-            self.drain(st, wait=True, allowance=0)
-            self._allocated_of(st)  # (the reading after the wait, tied to the point)
         if not st.inflight:
             return
         limit, largest = self._limit_of(st), st.largest

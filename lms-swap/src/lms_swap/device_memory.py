@@ -17,12 +17,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["allocated", "alloc_retries", "reserved", "peak_allocated", "counted_by_allocator",
-           "use_counters", "use_peak_meter", "peak_meter"]
+__all__ = ["allocated", "reserved", "peak_allocated", "counted_by_allocator", "use_counters",
+           "use_peak_meter", "peak_meter"]
 
 _counted: Dict[int, bool] = {}      # device -> its allocator keeps counters
 _driver_peak: Dict[int, int] = {}   # device -> highest in-use value read from the driver
-_retries: Dict[int, int] = {}       # device -> the native allocator's retries at the last reading
 # device -> (allocated, reserved, peak allocated) of a pluggable allocator that counts
 _counters: Optional[Callable[[int], Tuple[int, int, int]]] = None
 # a pluggable allocator's running peak: mark_peak(i), peak_growth(i), released(i)
@@ -80,20 +79,8 @@ def allocated(index: int) -> int:
     if _counters is not None:
         return int(_counters(index)[0])
     if counted_by_allocator(index):
-        # (what torch.cuda.memory_allocated reads, with the retries from the same call)
-        stats = torch.cuda.memory_stats(index)
-        _retries[index] = int(stats.get("num_alloc_retries", 0))
-        return int(stats.get("allocated_bytes.all.current", 0))
+        return torch.cuda.memory_allocated(index)
     return _in_use(index)
-
-
-def alloc_retries(index: int) -> Optional[int]:
-    """How many requests the native caching allocator of device ``index`` served only after
-    releasing its cache, as of the last :func:`allocated` reading; None under a pluggable
-    allocator or where only the driver's view is read."""
-    if _counters is not None or not _counted.get(index):
-        return None
-    return _retries.get(index)
 
 
 def reserved(index: int) -> int:

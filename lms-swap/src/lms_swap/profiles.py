@@ -42,9 +42,9 @@ __all__ = ["ShapeProfiles", "signature"]
 _SCALED = ("plan", "prev_saved", "largest")
 _SCALED_LISTS = ("prev_off", "prev_growth")
 _KEPT = ("k", "taught_base")
-# what holds for this exact shape only (backward's memory by position, where forward waits
-# for its copies): not scaled, not carried to another shape
-_EXACT_ONLY = ("bwd_lesson", "above_base_pad", "drain_at", "drain_dropped")
+# what holds for this exact shape only (backward's memory by position): not scaled, not
+# carried to another shape
+_EXACT_ONLY = ("bwd_lesson", "above_base_pad")
 
 
 def signature(t: Any) -> Tuple[Tuple[int, ...], str]:

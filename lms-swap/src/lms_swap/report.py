@@ -25,8 +25,7 @@ SWAP_KEYS = ("out_bytes", "in_bytes", "out_count", "in_count", "kept_count",
              "inflight_bounded",
              "tail_kept", "predicted_kept", "host_full_kept",
              "guard_fetched", "guard_forward_bytes", "guard_backward_bytes",
-             "abandoned_rescues", "retries_under_copies", "retry_points_learned",
-             "retry_point_waits", "retry_points_dropped")
+             "abandoned_rescues")
 
 
 def swap_stats(counts: collections.Counter, throttle_s: float, dev: Dict[Any, DevState],

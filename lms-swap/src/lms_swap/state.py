@@ -109,7 +109,6 @@ class DevState:
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
         "seen", "sig", "profiles", "plan_before", "kept_movable", "step_base",
         "taught_base", "base_extra", "above_base_pad", "bwd", "bwd_lesson", "order_max",
-        "drain_at", "drain_dropped", "drain_next", "drain_last", "retry_mark", "retry_learned",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -169,13 +168,3 @@ class DevState:
         self.bwd = BackwardProfile()
         self.bwd_lesson: Optional[BackwardLesson] = None
         self.order_max: List[int] = []  # largest swapped tensor at or below each position
-        # where forward waits for all its copies out (:mod:`.retry_points`, kept per shape):
-        # the points, and those dropped for good; this forward's next point, the point it
-        # last waited at, its last reading (bytes saved, copies in flight, the allocator's
-        # retries, the point waited at, swaps so far) and the points it learned
-        self.drain_at: Optional[List[int]] = None
-        self.drain_dropped: Optional[List[int]] = None
-        self.drain_next = 0
-        self.drain_last: Optional[int] = None
-        self.retry_mark: Optional[tuple] = None
-        self.retry_learned: List[int] = []

@@ -1,8 +1,7 @@
 """The swapper: saved-tensor hooks that swap activations out under pressure and bring them
 back ahead of backward, and the bookkeeping of each step's phases around them.  It owns what
 does the rest: the forecast (:class:`~.forecast.StepForecast`), the pacing of forward's copies
-out (:class:`~.copies.CopyPacer`, and where it waits for all of them:
-:class:`~.retry_points.RetryPoints`), backward's copies in (:class:`~.prefetch.Prefetcher`),
+out (:class:`~.copies.CopyPacer`), backward's copies in (:class:`~.prefetch.Prefetcher`),
 the host pool (:class:`~.host_pool.HostPool`) and the choice of the losses that run in blocks
 (:class:`~.loss_chunking.LossChunking`).
 
@@ -34,7 +33,6 @@ from .pinned import releaser
 from .policy import SwapConfig, dense_span, storage_bytes
 from .prefetch import Prefetcher
 from .report import swap_stats
-from .retry_points import RetryPoints
 from .state import DevState, Swapped, check_version
 
 __all__ = ["ActivationSwapper"]
@@ -76,16 +74,14 @@ class ActivationSwapper:
         self._t0 = time.perf_counter()
         self._tls = threading.local()  # per-thread stack of entered hooks
         self._forecast = StepForecast(self.config, self._guard, self._allocated, self._meter)
-        self._retry_points = RetryPoints(device_memory.alloc_retries)
         self._pacer = CopyPacer(self.config, self._forecast.limit, self._allocated,
-                                lambda: self._pass_id, self._retry_points)
+                                lambda: self._pass_id)
         self._prefetcher = Prefetcher(self.config, self._forecast, self._allocated,
                                       lambda: self._pass_id)
         self._loss = LossChunking(self.config, self._tls, self._lock, self._state,
                                   self._allocated, self._guard, self._forecast.cap)
         # the parts that keep counters of their own (stats sums them; a reset resets them)
-        self._parts = (self._pacer, self._forecast, self._prefetcher, self._loss,
-                       self._retry_points)
+        self._parts = (self._pacer, self._forecast, self._prefetcher, self._loss)
         self._reset_counters()
 
     # -- configuration -------------------------------------------------------------
@@ -252,7 +248,6 @@ class ActivationSwapper:
             return 0
         alloc = device_memory.allocated(st.index)
         st.seen = (self._pass_id, alloc, st.saved)
-        self._retry_points.reading(st, self._phase == "fwd")
         return alloc
 
     def _record_trace(self, st: DevState, what: str) -> None:
@@ -275,7 +270,6 @@ class ActivationSwapper:
             self._pool.end_step()
         for st in self._dev.values():
             self._forecast.begin_forward(st, abandoned)
-            self._retry_points.begin_forward(st)  # (after the forecast's reading there)
             alive = [r for r in st.order if r() is not None]
             for i, r in enumerate(alive):
                 h = r()
