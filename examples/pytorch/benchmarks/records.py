@@ -130,9 +130,16 @@ def write_by_commit(path, recs, head: list, columns: list, rows, note) -> None:
 def cut_by_timeout(r: dict, unit: str) -> str:
     """A table's words for a run the harness's timeout cut: its limit and how far it got,
     "timeout (286 s) after 28 of 30 iterations (the last took 7.5 s)" (not the child's last
-    printed line); "" for a run that ended any other way."""
+    printed line), or "cut by the run's time budget (37 s left) after ..." where what was
+    left of the whole run's budget, not the per-run timeout, was its limit
+    (``cut_by_budget``); "" for a run that ended any other way."""
     m = re.match(r"timeout \(([\d.]+) ?s\)", str(r.get("status", "")))
-    return f"timeout ({float(m.group(1)):.0f} s)" + how_far(r, unit) if m else ""
+    if not m:
+        return ""
+    limit = float(m.group(1))
+    words = (f"cut by the run's time budget ({limit:.0f} s left)" if r.get("cut_by_budget")
+             else f"timeout ({limit:.0f} s)")
+    return words + how_far(r, unit)
 
 
 def how_far(r: dict, unit: str) -> str:
