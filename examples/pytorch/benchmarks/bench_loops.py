@@ -63,6 +63,7 @@ LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard
                 "swap.inflight_bounded", "swap.throttle_wait_ms")
 LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
               "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
+              "policy.dev0.backward_own_peak_bytes",
               "policy.dev0.step_base_bytes", "policy.dev0.base_extra_bytes",
               "policy.dev0.device_limit_bytes", "host.in_use_bytes", "host.reserved_bytes",
               # the allocator when the net last caught an out-of-memory error: short of

@@ -59,6 +59,7 @@ class BackwardProfile:
         self.pad: Optional[int] = None  # kept free under the limit by the lesson's rule
         self.used = False       # this backward prefetched further than the old rule
         self.key = START
+        self.own_peak: Optional[int] = None  # the last backward's peak less prefetched bytes
         self._recs: List[list] = []  # [key, own level at start, own peak or None]
         self._level = 0         # allocation where the running peak was last marked
         self._ahead_at_mark = 0
@@ -110,11 +111,15 @@ class BackwardProfile:
     def end(self, growth: int, evicted: int, limit: int, forward_evicted: int = 0) -> tuple:
         """Backward ended (``growth``: the running peak's since the last mark; ``evicted``:
         bytes the eviction net moved in it; ``forward_evicted``: in the forward before it).
-        Returns (its peak, the lesson or None)."""
+        Returns (its peak, the lesson or None); its own peak (prefetched bytes left out)
+        is kept in ``own_peak``."""
         if not self._recs:
             return None, None
         self._close(growth)
         recs, self._recs = self._recs, []
+        # backward's own peak: each interval's peak less what prefetching had brought back
+        # and backward had not used yet, the same whatever room prefetching had
+        self.own_peak = max(r[2] for r in recs)
         if evicted > 0 and self.used:
             floor = max(256 * MiB, int(limit) // 64)
             self.pad = min(int(limit) // 8, 2 * (self.pad or floor))
