@@ -501,6 +501,30 @@ def test_a_row_cut_by_the_run_s_budget_says_so_not_timeout(tmp_path):
     assert "timeout (37 s)" not in text
 
 
+def test_a_cut_row_gives_the_figures_of_the_timed_iterations_it_finished(tmp_path):
+    """A run cut after some of its timed iterations: the table gives what those measured
+    (named as theirs), against stock's same iterations, in the loop's unit."""
+    bench = _import("bench_loops")
+    head = {"loop": "ckpt-some", "commit": "c0ffee0", "machine": {"gpu": "H100"},
+            "torch": "2.11.0", "command": "python bench_loops.py", "steps_asked": 4}
+    stock = {**head, "scale": 1.0, "batch": 24, "mode": "stock", "status": "ok",
+             "unit": "tok/s", "units_per_s": 100.0, "steps_done": 4,
+             "steps": [{"i": i, "units": 100, "s": 1.0, "timed": i >= 2} for i in range(4)]}
+    # two of three iterations ran, one timed: 200 units in 4 s, 54 GB out and 53 in (2 s of
+    # copies) against stock's 1 s for 100 units (2 s for 200): 2 s of bound in 4 s
+    seen = [{"i": 0, "units": 200, "s": 9.0, "timed": False},
+            {"i": 2, "units": 200, "s": 4.0, "timed": True,
+             "swap.out_bytes": 54e9, "swap.in_bytes": 53e9}]
+    cut = {**head, "scale": 2.0, "batch": 48, "mode": "lms", "status": "timeout (175.0s)",
+           "cut_by_budget": True, "steps_done": 2, "step_s_seen": [9.0, 4.0],
+           "steps_seen": seen}
+    bench.write_table(tmp_path / "t.md", [stock, cut])
+    text = (tmp_path / "t.md").read_text()
+    assert ("cut by the run's time budget (175 s left) after 2 of 4 iterations (the last "
+            "took 4.0 s); its 1 timed iteration: 50.0% of the bound, 50 tok/s, net 0, "
+            "54.0 / 53.0 GB each way") in text, text
+
+
 def test_a_loops_config_limited_by_the_budget_is_marked(tmp_path, monkeypatch):
     """The harness marks a row whose limit the remaining budget set (100 s left, --timeout 300)."""
     bench = _import("bench_loops")

@@ -255,7 +255,14 @@ def add_bound(row, stock_row):
     iteration at 1.0x."""
     if row.get("status") != "ok":
         return
-    timed = [s for s in row["steps"] if s["timed"]]
+    row.update(bound_figures(row["steps"], stock_row))
+
+
+def bound_figures(steps, stock_row) -> dict:
+    """The figures of the timed iterations among ``steps``: time, units per second, the
+    fraction of the bound (each iteration against stock's same iteration at 1.0x in
+    ``stock_row``, else the copy term alone), the net's interventions, bytes each way."""
+    timed = [s for s in steps if s["timed"]]
     base = {s["i"]: s for s in (stock_row or {}).get("steps", [])}
     total_s = sum(s["s"] for s in timed)
     bound = copy = 0.0
@@ -267,15 +274,33 @@ def add_bound(row, stock_row):
         comp = b["s"] * s["units"] / b["units"] if b else 0.0
         bound += max(comp, c)
         copy += c
-    row["timed_s"] = total_s
-    row["units_per_s"] = sum(s["units"] for s in timed) / total_s if total_s else None
-    row["bound_has_compute"] = bool(base)
-    row["frac_of_bound"] = bound / total_s if total_s else None
-    row["copy_s"] = copy
-    row["net_interventions"] = sum(s.get("guard.ooms_caught", 0) for s in timed)
-    row["net_interventions_all"] = sum(s.get("guard.ooms_caught", 0) for s in row["steps"])
-    row["out_gb_per_iter"] = sum(map(_out_bytes, timed)) / max(1, len(timed)) / 1e9
-    row["in_gb_per_iter"] = sum(map(_in_bytes, timed)) / max(1, len(timed)) / 1e9
+    return {"timed_s": total_s,
+            "units_per_s": sum(s["units"] for s in timed) / total_s if total_s else None,
+            "bound_has_compute": bool(base),
+            "frac_of_bound": bound / total_s if total_s else None,
+            "copy_s": copy,
+            "net_interventions": sum(s.get("guard.ooms_caught", 0) for s in timed),
+            "net_interventions_all": sum(s.get("guard.ooms_caught", 0) for s in steps),
+            "out_gb_per_iter": sum(map(_out_bytes, timed)) / max(1, len(timed)) / 1e9,
+            "in_gb_per_iter": sum(map(_in_bytes, timed)) / max(1, len(timed)) / 1e9,
+            "timed": len(timed)}
+
+
+def _cut_run_figures(r, stock_row, unit: str) -> str:
+    """For a run the harness cut in its timed iterations: what those it finished measured,
+    named as such ("; its 21 timed iterations: 78.0% of the bound, ..."), throughput in
+    ``unit`` (a cut child never printed its own); "" otherwise."""
+    steps = r.get("steps_seen") or []
+    if not steps or not any(s.get("timed") for s in steps):
+        return ""
+    f = bound_figures(steps, stock_row)
+    frac = f["frac_of_bound"]
+    return (f"; its {f['timed']} timed iteration{'s' if f['timed'] != 1 else ''}: "
+            + (f"{100 * frac:.1f}%{'' if f['bound_has_compute'] else '*'} of the bound, "
+               if frac else "")
+            + f"{f['units_per_s']:.0f} {unit}, "
+            f"net {f['net_interventions']}, "
+            f"{f['out_gb_per_iter']:.1f} / {f['in_gb_per_iter']:.1f} GB each way")
 
 
 def _out_bytes(s):
@@ -326,6 +351,7 @@ def write_table(path, records):
                "% of bound", "net interventions", "out / in GB per iter", "peak GPU GiB",
                "peak host GiB (+ pluggable allocator's host pages)"]
     stock = _stock_of_each(records)
+    units = {r["loop"]: r["unit"] for r in records if r.get("unit")}
 
     def row(r):
         ok = r.get("status") == "ok"
@@ -336,7 +362,7 @@ def write_table(path, records):
         seen = r.get("step_s_seen") or []
         cut = records_.cut_by_timeout(r, "iterations")
         if cut:
-            status, err = cut, ""
+            status, err = cut, _cut_run_figures(r, stock.get(id(r)), units.get(r["loop"], ""))
         elif status.startswith("killed"):
             # the harness's own kill: say when, not the child's last printed line
             err = (f" after {len(seen)} iterations" + (f" (the first took {seen[0]:.0f} s)"
