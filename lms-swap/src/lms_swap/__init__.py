@@ -96,7 +96,9 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     H100's size) went back and forth between two steps, one swapping 90 GB and
     prefetching 172 tensors into the room that left (margin 31.6 GB), the next, with the
     margin that backward taught (45.9 GB), swapping 72 GB and fetching 113 on demand:
-    3.57-4.00 s a step, against 3.2 s at a steady 67 GB on the H100 earlier.
+    3.57-4.00 s a step, against 3.2 s at a steady 67 GB on the H100 before
+    ``prefetch_past_peak``, which lets prefetching fill past forward's end and so brings
+    those bytes in.
 ``prefetch_reserve_factor``
     backward's prefetching fills device memory only up to forward's end and up to the
     limit less the margin and less this many (default 1.5) times the largest saved
