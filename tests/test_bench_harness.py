@@ -518,6 +518,7 @@ def test_a_cut_row_gives_the_figures_of_the_timed_iterations_it_finished(tmp_pat
     cut = {**head, "scale": 2.0, "batch": 48, "mode": "lms", "status": "timeout (175.0s)",
            "cut_by_budget": True, "steps_done": 2, "step_s_seen": [9.0, 4.0],
            "steps_seen": seen}
+    cut["cut_figures"] = bench.cut_figures(cut, stock)   # as the harness keeps them
     bench.write_table(tmp_path / "t.md", [stock, cut])
     text = (tmp_path / "t.md").read_text()
     assert ("cut by the run's time budget (175 s left) after 2 of 4 iterations (the last "
@@ -545,6 +546,35 @@ def test_a_loops_config_limited_by_the_budget_is_marked(tmp_path, monkeypatch):
     bench.main()
     rows = [json.loads(x) for x in open(tmp_path / "r.jsonl")]
     assert rows[0].get("cut_by_budget") is True and seen[0] <= 100
+
+
+def test_the_loops_iteration_lines_go_beside_the_record(tmp_path, monkeypatch):
+    """Each configuration's per-iteration lines go to the gzipped traces beside the record,
+    not into it, and the run's stock row still gives the rows after it their bound."""
+    bench = _import("bench_loops")
+    records = _import("records")
+
+    def fake_run(argv, timeout, guard, log, env, on_result=None):
+        mode = argv[argv.index("--mode") + 1]
+        r = {"status": "ok", "steps_done": 2, "unit": "tok/s",
+             "steps": [{"i": i, "units": 100, "s": 1.0 if mode == "stock" else 2.0,
+                        "timed": i == 1} for i in range(2)]}
+        on_result(r)
+        return r
+
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    rec = tmp_path / "r.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bench_loops.py", "--loops", "ckpt-some", "--base-batch",
+                                      "ckpt-some=24", "--modes", "stock", "lms", "--scales",
+                                      "1.0", "1.5", "--lms-scales", "1.5", "--record", str(rec),
+                                      "--table", str(tmp_path / "t.md")])
+    bench.main()
+    rows = [json.loads(x) for x in open(rec)]
+    assert [r["mode"] for r in rows] == ["stock", "lms"]
+    assert all("steps" not in r for r in rows)
+    assert rows[1]["bound_has_compute"] is True          # against stock's own iterations
+    traces = records.load_traces(rec)
+    assert [(t["mode"], len(t["steps"])) for t in traces] == [("stock", 2), ("lms", 2)]
 
 
 def test_a_loops_row_names_the_tunables_it_ran_with(tmp_path):

@@ -21,7 +21,8 @@ for the same iteration at 1.0x scaled by the units processed; a run's fraction o
 bound is the sum of its iterations' bounds over the sum of their times.
 
 Each run appends one JSON line per configuration to ``--record`` (run id from LMS_RUN, date,
-commit, machine, torch, configuration, every counter) and rewrites the table ``--table``
+commit, machine, torch, configuration, every counter; the per-iteration counter lines go
+beside it, gzipped, in ``<record>-per-step.jsonl.gz``) and rewrites the table ``--table``
 from all records of the commit it ran; nobody copies figures by hand.
 
     python bench_loops.py --loops ckpt-decoder varlen-decoder --scales 1.0 1.5 2.0
@@ -282,18 +283,26 @@ def bound_figures(steps, stock_row) -> dict:
             "net_interventions": sum(s.get("guard.ooms_caught", 0) for s in timed),
             "net_interventions_all": sum(s.get("guard.ooms_caught", 0) for s in steps),
             "out_gb_per_iter": sum(map(_out_bytes, timed)) / max(1, len(timed)) / 1e9,
-            "in_gb_per_iter": sum(map(_in_bytes, timed)) / max(1, len(timed)) / 1e9,
-            "timed": len(timed)}
+            "in_gb_per_iter": sum(map(_in_bytes, timed)) / max(1, len(timed)) / 1e9}
 
 
-def _cut_run_figures(r, stock_row, unit: str) -> str:
-    """For a run the harness cut in its timed iterations: what those it finished measured,
-    named as such ("; its 21 timed iterations: 78.0% of the bound, ..."), throughput in
-    ``unit`` (a cut child never printed its own); "" otherwise."""
-    steps = r.get("steps_seen") or []
-    if not steps or not any(s.get("timed") for s in steps):
+def cut_figures(row, stock_row):
+    """For a run the harness cut in its timed iterations: the figures of the timed
+    iterations it finished (``steps_seen``), with their count; None otherwise.  Kept in
+    the row, as ``cut_figures``, because the per-iteration lines go beside the record."""
+    timed = sum(1 for s in row.get("steps_seen") or () if s.get("timed"))
+    if not timed or not records_.cut_by_timeout(row, "iterations"):
+        return None
+    return {"timed": timed, **bound_figures(row["steps_seen"], stock_row)}
+
+
+def _cut_run_figures(r, unit: str) -> str:
+    """A cut run's ``cut_figures`` in words, named as its timed iterations' ("; its 21
+    timed iterations: 78.0% of the bound, ..."), throughput in ``unit`` (a cut child never
+    printed its own); "" where it has none."""
+    f = r.get("cut_figures")
+    if not f:
         return ""
-    f = bound_figures(steps, stock_row)
     frac = f["frac_of_bound"]
     return (f"; its {f['timed']} timed iteration{'s' if f['timed'] != 1 else ''}: "
             + (f"{100 * frac:.1f}%{'' if f['bound_has_compute'] else '*'} of the bound, "
@@ -340,7 +349,8 @@ def write_table(path, records):
     head = [
         "# Training loops: stock vs save_on_cpu vs torchtune vs LMS activation swapping", "",
         "Written by bench_loops.py from `records/loops.jsonl` (one JSON line per "
-        "configuration: commit, machine, torch, command, every iteration's counters).", "",
+        "configuration: commit, machine, torch, command, every counter; each iteration's "
+        "counters in `records/loops-per-step.jsonl.gz`).", "",
         "Fraction of bound: sum over timed iterations of max(stock's time for the same "
         "iteration at 1.0x in the same run, scaled by units; bytes out / 54 GB/s + in / 53 "
         "GB/s), over their time (* where stock did not run in that run: the copy term "
@@ -362,7 +372,7 @@ def write_table(path, records):
         seen = r.get("step_s_seen") or []
         cut = records_.cut_by_timeout(r, "iterations")
         if cut:
-            status, err = cut, _cut_run_figures(r, stock.get(id(r)), units.get(r["loop"], ""))
+            status, err = cut, _cut_run_figures(r, units.get(r["loop"], ""))
         elif status.startswith("killed"):
             # the harness's own kill: say when, not the child's last printed line
             err = (f" after {len(seen)} iterations" + (f" (the first took {seen[0]:.0f} s)"
@@ -465,8 +475,12 @@ def main():
         if _is_stock_base(row):
             stock_rows[row["loop"]] = row
         add_bound(row, stock_rows.get(row["loop"]))
-        with open(record, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        figures = cut_figures(row, stock_rows.get(row["loop"]))
+        if figures:
+            row["cut_figures"] = figures
+        # the iterations' counter lines go beside the record; a copy, so that this run's
+        # stock row keeps its own for the bound of the rows after it
+        records_.append_with_traces(record, dict(row), split=records_.split_row_traces)
         frac, mode = row.get("frac_of_bound"), row["mode"]
         print(f"{row['loop']:16s} x{row['scale']:<4} b={row['batch']:<5} {mode:11s} "
               f"{row.get('status')} iters {row.get('steps_done')} "

@@ -173,10 +173,23 @@ def split_traces(record: dict, field: str = "per_step") -> list:
     return out
 
 
-def append_with_traces(path, record: dict) -> None:
-    """Append ``record`` to ``path`` and its per-step traces, gzipped, beside it."""
+def split_row_traces(row: dict, fields=("steps", "steps_seen"),
+                     keys=("loop", "scale", "batch", "mode")) -> list:
+    """The same for a record that is one configuration's row (the loops bench's): take its
+    ``fields`` (counter lines per iteration) out of ``row``; return the one line for
+    ``traces_path`` (its run, date, commit and source, ``keys``, the traces), or none."""
+    taken = {f: row.pop(f) for f in fields if f in row}
+    if not taken:
+        return []
+    return [{**{k: row.get(k) for k in TRACE_KEYS if k in row},
+             **{k: row.get(k) for k in keys}, **taken}]
+
+
+def append_with_traces(path, record: dict, split=split_traces) -> None:
+    """Append ``record`` to ``path`` and its per-step traces (``split`` takes them out of
+    it), gzipped, beside it."""
     import gzip
-    lines = split_traces(record)
+    lines = split(record)
     if lines:
         with gzip.open(traces_path(path), "at") as f:
             f.write("".join(json.dumps(x) + "\n" for x in lines))
