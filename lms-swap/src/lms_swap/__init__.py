@@ -88,9 +88,9 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     whichever is more (a language model's largest tensors come last, in its loss).
 ``margin_from_own_need``
     (default False: not yet measured on a GPU; needs a running peak, the eviction net's or
-    the pluggable allocator's) learn the margin
-    from backward's own peak, each interval's peak less the bytes prefetching had
-    brought back and backward had not used yet, instead of from its peak as measured.
+    the pluggable allocator's) learn the margin from backward's own peak, each interval's
+    peak less the bytes prefetching had brought back and backward had not used yet, instead
+    of from its peak as measured.
     Learned from the measured peak, the margin grows with the room prefetching had: a
     Llama with every other layer checkpointed at twice stock's batch (an H200 held to the
     H100's size) went back and forth between two steps, one swapping 90 GB and
