@@ -577,6 +577,42 @@ def test_the_loops_iteration_lines_go_beside_the_record(tmp_path, monkeypatch):
     assert [(t["mode"], len(t["steps"])) for t in traces] == [("stock", 2), ("lms", 2)]
 
 
+def test_lms_variants_run_against_one_stock_run(tmp_path, monkeypatch):
+    """--lms-variant runs each lms configuration once per variant, after one stock run that
+    gives all of them their bound; the children get the variant's tunables and the rows name
+    them.  A malformed variant is refused before anything runs."""
+    bench = _import("bench_loops")
+    argvs = []
+
+    def fake_run(argv, timeout, guard, log, env, on_result=None):
+        argvs.append(argv)
+        r = {"status": "ok", "steps_done": 2, "unit": "tok/s",
+             "steps": [{"i": i, "units": 100, "s": 1.0, "timed": i == 1} for i in range(2)]}
+        on_result(r)
+        return r
+
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    rec = tmp_path / "r.jsonl"
+    common = ["bench_loops.py", "--loops", "ckpt-some", "--base-batch", "ckpt-some=24",
+              "--modes", "stock", "lms", "--scales", "1.0", "2.0", "--lms-scales", "2.0",
+              "--record", str(rec), "--table", str(tmp_path / "t.md")]
+    monkeypatch.setattr(sys, "argv", common + ["--lms-variant", "defaults", "--lms-variant",
+                                               "margin_from_own_need=1,prefetch_depth=8"])
+    bench.main()
+    rows = [json.loads(x) for x in open(rec)]
+    assert [(r["mode"], r.get("lms_options")) for r in rows] == [
+        ("stock", None), ("lms", None), ("lms", ["margin_from_own_need=1", "prefetch_depth=8"])]
+    assert all(r["bound_has_compute"] for r in rows[1:])
+    assert argvs[2][-4:] == ["--lms-option", "margin_from_own_need=1",
+                             "--lms-option", "prefetch_depth=8"]
+    assert "--lms-option" not in argvs[1]
+    for bad in ("margin_from_own_need", "=1", ""):
+        monkeypatch.setattr(sys, "argv", common + ["--lms-variant", bad])
+        with pytest.raises(SystemExit):
+            bench.main()
+    assert len(argvs) == 3
+
+
 def test_a_loops_row_names_the_tunables_it_ran_with(tmp_path):
     """Two lms rows of one run that differ only in an lms_swap tunable (--lms-option) are
     told apart in the table: the options stand beside the mode."""

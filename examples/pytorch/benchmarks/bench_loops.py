@@ -286,6 +286,24 @@ def bound_figures(steps, stock_row) -> dict:
             "in_gb_per_iter": sum(map(_in_bytes, timed)) / max(1, len(timed)) / 1e9}
 
 
+LAYERED = ("lms", "pluggable+lms")  # the modes lms_swap's tunables apply to
+
+
+def lms_variants(given):
+    """``--lms-variant`` strings as lists of KEY=VALUE tunables, one list per variant
+    (``[[]]``, the defaults alone, where none is given)."""
+    out = []
+    for v in given or ["defaults"]:
+        opts = [] if v.strip() == "defaults" else [o.strip() for o in v.split(",") if o.strip()]
+        bad = [o for o in opts if "=" not in o or not o.partition("=")[0]]
+        if bad or (not opts and v.strip() != "defaults"):
+            raise ValueError(f"--lms-variant {v!r}: give KEY=VALUE[,KEY=VALUE...] or 'defaults'")
+        out.append(opts)
+    if len({tuple(o) for o in out}) != len(out):
+        raise ValueError("--lms-variant: the same variant twice")
+    return out
+
+
 def cut_figures(row, stock_row):
     """For a run the harness cut in its timed iterations: the figures of the timed
     iterations it finished (``steps_seen``), with their count; None otherwise.  Kept in
@@ -428,6 +446,11 @@ def main():
                     help="an lms_swap tunable for the lms and pluggable+lms modes (repeatable; "
                          "as bench_lms_swap.py's), e.g. prefetch_depth=96; the table "
                          "shows it beside the mode")
+    ap.add_argument("--lms-variant", action="append", default=[], metavar="KEY=VALUE,...",
+                    help="run each lms and pluggable+lms configuration once per variant "
+                         "(repeatable; comma-separated tunables added to --lms-option's, "
+                         "'defaults' for none), against the same stock run: e.g. "
+                         "--lms-variant defaults --lms-variant margin_from_own_need=1")
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations among them")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
@@ -439,6 +462,10 @@ def main():
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
+    try:
+        variants = lms_variants(args.lms_variant)
+    except ValueError as e:
+        ap.error(str(e))
     device_cap.pass_to_children(args.device_gib)
     if args.child:
         if args.fits:
@@ -505,7 +532,8 @@ def main():
         stock_rows.pop(name, None)
         for scale in args.scales:
             batch = max(1, int(round(base * scale)))
-            for mode in args.modes:
+            for mode, variant in ((m, v) for m in args.modes
+                                  for v in (variants if m in LAYERED else [[]])):
                 if not runs_at(mode, scale, args.baseline_scales, args.lms_scales):
                     continue
                 row = {"loop": name, "scale": scale, "batch": batch, "mode": mode,
@@ -513,8 +541,8 @@ def main():
                        "warmup": args.warmup, "alloc_conf": ALLOC_CONF}
                 if mode.startswith("pluggable") and args.allocator_settings:
                     row["allocator_settings"] = args.allocator_settings
-                if mode in ("lms", "pluggable+lms") and args.lms_option:
-                    row["lms_options"] = list(args.lms_option)
+                if mode in LAYERED and (args.lms_option or variant):
+                    row["lms_options"] = list(args.lms_option) + variant
                 if remaining() < 30:
                     row["status"] = "not run (time budget)"
                     finish(row, None)
