@@ -173,7 +173,7 @@ def _zoo_parent(tmp_path, child, *args):
         sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
         import bench_lms_swap as bench
         bench.__dict__["__file__"] = {str(child)!r}  # run_child starts this file
-        sys.argv = ["bench_lms_swap.py", *{list(args)!r}, "--link-probe-gib", "0",
+        sys.argv = ["bench_lms_swap.py", *{list(args)!r}, "--link-probe-gib", "0", "--compile-net-s", "0",
                     "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
                     "--table", {str(table)!r}]
         sys.exit(bench.main())
@@ -555,6 +555,8 @@ def test_the_loops_iteration_lines_go_beside_the_record(tmp_path, monkeypatch):
     records = _import("records")
 
     def fake_run(argv, timeout, guard, log, env, on_result=None):
+        if "--compile-net" in argv:
+            return {"status": "ok", "net": "ready", "s": 1.0}
         mode = argv[argv.index("--mode") + 1]
         r = {"status": "ok", "steps_done": 2, "unit": "tok/s",
              "steps": [{"i": i, "units": 100, "s": 1.0 if mode == "stock" else 2.0,
@@ -586,6 +588,8 @@ def test_lms_variants_run_against_one_stock_run(tmp_path, monkeypatch):
 
     def fake_run(argv, timeout, guard, log, env, on_result=None):
         argvs.append(argv)
+        if "--compile-net" in argv:
+            return {"status": "ok", "net": "unavailable", "reason": "RuntimeError: no CUDA"}
         r = {"status": "ok", "steps_done": 2, "unit": "tok/s",
              "steps": [{"i": i, "units": 100, "s": 1.0, "timed": i == 1} for i in range(2)]}
         on_result(r)
@@ -603,14 +607,17 @@ def test_lms_variants_run_against_one_stock_run(tmp_path, monkeypatch):
     assert [(r["mode"], r.get("lms_options")) for r in rows] == [
         ("stock", None), ("lms", None), ("lms", ["margin_from_own_need=1", "prefetch_depth=8"])]
     assert all(r["bound_has_compute"] for r in rows[1:])
-    assert argvs[2][-4:] == ["--lms-option", "margin_from_own_need=1",
+    # the net is compiled once, before every configuration, and what it answered is kept
+    assert "--compile-net" in argvs[0] and not any("--compile-net" in a for a in argvs[1:])
+    assert rows[0]["net_compile"] == {"net": "unavailable", "reason": "RuntimeError: no CUDA"}
+    assert argvs[3][-4:] == ["--lms-option", "margin_from_own_need=1",
                              "--lms-option", "prefetch_depth=8"]
-    assert "--lms-option" not in argvs[1]
+    assert "--lms-option" not in argvs[2]
     for bad in ("margin_from_own_need", "=1", ""):
         monkeypatch.setattr(sys, "argv", common + ["--lms-variant", bad])
         with pytest.raises(SystemExit):
             bench.main()
-    assert len(argvs) == 3
+    assert len(argvs) == 4
 
 
 def test_a_loops_row_names_the_tunables_it_ran_with(tmp_path):
@@ -776,3 +783,20 @@ def test_a_profile_s_figures_are_a_record_and_a_probes_row(tmp_path):
             "compute busy 0.2 of 1.2 ms, 1 gaps of 0.7 ms; copies 0.03 GB at 54.0 GB/s "
             "(0.0-0.5 ms); longest CPU block: 2x cudaEventSynchronize in aten::empty_strided, "
             "0.5 ms |") in text
+
+
+@pytest.mark.parametrize("bench", ["bench_loops.py", "bench_lms_swap.py"])
+def test_the_net_compile_child_answers_for_this_machine(bench):
+    """The child each bench runs before its configurations compiles the eviction net or says
+    why it cannot be had (on a machine without CUDA: unavailable, with the reason), as one
+    RESULT line the parent reads."""
+    p = subprocess.run([sys.executable, str(BENCH / bench), "--child", "--compile-net"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert len(lines) == 1, p.stdout
+    r = json.loads(lines[0][len("RESULT "):])
+    if r["net"] == "ready":
+        assert r["s"] >= 0
+    else:
+        assert r["net"] == "unavailable" and r["reason"]
