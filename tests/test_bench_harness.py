@@ -601,19 +601,19 @@ def test_lms_variants_run_against_one_stock_run(tmp_path, monkeypatch):
               "--modes", "stock", "lms", "--scales", "1.0", "2.0", "--lms-scales", "2.0",
               "--record", str(rec), "--table", str(tmp_path / "t.md")]
     monkeypatch.setattr(sys, "argv", common + ["--lms-variant", "defaults", "--lms-variant",
-                                               "margin_from_own_need=1,prefetch_depth=8"])
+                                               "prefetch_past_peak=0,prefetch_depth=8"])
     bench.main()
     rows = [json.loads(x) for x in open(rec)]
     assert [(r["mode"], r.get("lms_options")) for r in rows] == [
-        ("stock", None), ("lms", None), ("lms", ["margin_from_own_need=1", "prefetch_depth=8"])]
+        ("stock", None), ("lms", None), ("lms", ["prefetch_past_peak=0", "prefetch_depth=8"])]
     assert all(r["bound_has_compute"] for r in rows[1:])
     # the net is compiled once, before every configuration, and what it answered is kept
     assert "--compile-net" in argvs[0] and not any("--compile-net" in a for a in argvs[1:])
     assert rows[0]["net_compile"] == {"net": "unavailable", "reason": "RuntimeError: no CUDA"}
-    assert argvs[3][-4:] == ["--lms-option", "margin_from_own_need=1",
+    assert argvs[3][-4:] == ["--lms-option", "prefetch_past_peak=0",
                              "--lms-option", "prefetch_depth=8"]
     assert "--lms-option" not in argvs[2]
-    for bad in ("margin_from_own_need", "=1", ""):
+    for bad in ("prefetch_past_peak", "=1", ""):
         monkeypatch.setattr(sys, "argv", common + ["--lms-variant", bad])
         with pytest.raises(SystemExit):
             bench.main()
@@ -800,3 +800,37 @@ def test_the_net_compile_child_answers_for_this_machine(bench):
         assert r["s"] >= 0
     else:
         assert r["net"] == "unavailable" and r["reason"]
+
+
+def test_backward_memory_says_which_interval_set_backwards_peak(m):
+    """backward_memory.py's summary of backwards recorded by lms_swap's BackwardProfile
+    (through its observer): the peak before the first unpack moves with forward's end, one
+    at backward's end does not, and the summary names the interval that was highest."""
+    import lms_swap.backward_profile as bp
+    tool = _import("backward_memory")
+    GB = 10 ** 9
+    events, at = [], [0]
+    bp.observe(lambda kind, f: events.append((kind, f, at[0])))
+    try:
+        for step, end in enumerate((30 * GB, 45 * GB)):
+            at[0] = step
+            prof = bp.BackwardProfile()
+            prof.begin(end)
+            prof.boundary(70 * GB, 25 * GB, end + 10 * GB)   # the loss: 25 GB over the end
+            prof.boundary(0, 5 * GB, 55 * GB)                # late: 55 GB whatever forward did
+            prof.end(12 * GB, 0, 78 * GB)
+    finally:
+        bp.observe(None)
+    first, second = [tool.summary(b) for b in tool.backwards(events)]
+    assert first["step"] == 0 and second["step"] == 1
+    assert first["highest"]["offset_gb"] == 0 and first["highest"]["peak_gb"] == 67
+    assert first["over_forward_end_gb"] == 37
+    assert second["highest"]["offset_gb"] is None and second["highest"]["peak_gb"] == 70
+    assert second["over_forward_end_gb"] == 25
+    text = tool.line(second, {"swap.out_bytes": 72 * GB})
+    assert "highest 70.0 (interval 0 of 3, before the first unpack" in text, text
+    rt = _import("record_tables")
+    kind, figures = rt._probe({"backward_memory": {"what": "ckpt-some", "batch": 48,
+                                                   "backwards": [first, second]}})
+    assert kind == "backward_memory.py"
+    assert "step 1: end 45.0, first 70.0, highest 70.0 (first), last 67.0 GB" in figures, figures

@@ -123,3 +123,23 @@ def test_the_callers_reserve_widens_the_pad(bp):
     assert prof.room(high, LIMIT, 12 * GiB, reserve=6 * GiB) == LIMIT - 6 * GiB - 14 * GiB
     small = prof.room(high, LIMIT, 12 * GiB, reserve=1)
     assert small == prof.room(high, LIMIT, 12 * GiB)
+
+
+def test_an_observer_is_told_each_backward_and_interval_as_it_closes(bp):
+    """observe(): the start, each interval (its offset, None before the first unpack; the
+    level it began at; its peak; bytes ahead) and the end, in order; nothing once unset."""
+    events = []
+    bp.observe(lambda kind, f: events.append((kind, f)))
+    try:
+        _loss_first_backward(bp.BackwardProfile(), ahead_at=3 * GiB)
+    finally:
+        bp.observe(None)
+    assert [k for k, _ in events] == ["begin"] + ["interval"] * 5 + ["end"]
+    assert events[0][1] == {"level": 9 * GiB}
+    iv = [f for k, f in events if k == "interval"]
+    assert [f["key"] for f in iv] == [None, 40 * GiB, 30 * GiB, 20 * GiB, 10 * GiB]
+    assert iv[1] == {"key": 40 * GiB, "level": 9 * GiB, "peak": 73 * GiB, "ahead": 0}
+    assert iv[2] == {"key": 30 * GiB, "level": 12 * GiB, "peak": 14 * GiB, "ahead": 3 * GiB}
+    assert events[-1][1] == {"peak": 73 * GiB}
+    _loss_first_backward(bp.BackwardProfile())
+    assert len(events) == 7

@@ -163,48 +163,6 @@ def test_without_the_net_an_allocators_running_peak_measures_each_backward(m):
     assert st.k == pytest.approx(15 * 1.05 / 10)
 
 
-@pytest.mark.parametrize("own_need", [False, True])
-def test_the_margin_can_leave_out_what_prefetching_brought_back_early(m, own_need):
-    """A backward whose forward swapped more has more room, and prefetching fills it: its
-    peak as measured rises with that room (20 MiB ahead here), backward's own need does not.
-    With margin_from_own_need the margin learns the own need (15 MiB over forward's end);
-    without it, the peak prefetching raised (30 MiB over it), which lowers the next trigger
-    and makes the next forward swap more (the back-and-forth seen on the GPU)."""
-    from lms_swap.forecast import StepForecast
-    meter = _Meter()
-    forecast = StepForecast(m.SwapConfig(device_type="cpu", policy="auto",
-                                         device_limit=100 * MiB, min_margin=MiB,
-                                         margin_from_own_need=own_need),
-                            guard=lambda: None, allocated_of=lambda st: meter.level,
-                            meter=lambda: meter)
-    st = m.DevState(0)
-    st.largest = 10 * MiB
-    st.saved, st.rec_off = 40 * MiB, [0]
-    meter.to(50 * MiB)
-    meter.to(30 * MiB)                              # forward's end
-    forecast.begin_backward(st)
-    meter.to(45 * MiB)                              # the loss: backward's own 15 MiB
-    meter.to(30 * MiB)
-    # the first swapped tensor comes back; prefetching then brings 20 MiB ahead
-    forecast.backward_boundary(st, types.SimpleNamespace(offset=30 * MiB))
-    st.bwd.prefetched(20 * MiB)
-    meter.to(50 * MiB)
-    st.bwd.settle()
-    meter.to(60 * MiB)                              # a layer's own 10 MiB on top
-    meter.to(0)
-    forecast.begin_forward(st)
-    assert st.bwd_peak == 60 * MiB                  # reported as measured either way
-    assert st.bwd.own_peak == 45 * MiB              # 60 less the 20 ahead, or the loss's 45
-    need = (45 - 30) if own_need else (60 - 30)
-    assert st.k == pytest.approx(need * 1.05 / 10)
-
-
-def test_margin_from_own_need_is_checked_and_off_by_default(m):
-    assert m.SwapConfig().margin_from_own_need is False
-    with pytest.raises(ValueError, match="margin_from_own_need"):
-        m.SwapConfig(margin_from_own_need="yes")
-
-
 def test_the_forecast_measures_by_the_nets_running_peak_where_it_is_armed(m):
     """With the net armed, its running peak is the one marked (no meter given)."""
     from lms_swap.forecast import StepForecast

@@ -218,7 +218,6 @@ def child(args):
                 "policy.dev0.margin_bytes", "policy.dev0.plan_bytes",
                 "policy.dev0.prefetch_reserve_bytes",
                 "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
-                "policy.dev0.backward_own_peak_bytes",
                 "policy.dev0.slack_bytes", "host.releasing_bytes",
                 # what the allocator held when the net last caught an error
                 "guard.ooms_caught", "guard.shared_skipped", "guard.last_oom_request",

@@ -64,7 +64,6 @@ LMS_COUNTERS = ("swap.out_bytes", "swap.in_bytes", "guard.evicted_count", "guard
                 "swap.inflight_bounded", "swap.throttle_wait_ms")
 LMS_LEVELS = ("policy.dev0.margin_bytes", "policy.dev0.plan_bytes", "policy.dev0.slack_bytes",
               "policy.dev0.forward_end_bytes", "policy.dev0.backward_peak_bytes",
-              "policy.dev0.backward_own_peak_bytes",
               "policy.dev0.step_base_bytes", "policy.dev0.base_extra_bytes",
               "policy.dev0.device_limit_bytes", "host.in_use_bytes", "host.reserved_bytes",
               # the allocator when the net last caught an out-of-memory error: short of
@@ -466,7 +465,7 @@ def main():
                     help="run each lms and pluggable+lms configuration once per variant "
                          "(repeatable; comma-separated tunables added to --lms-option's, "
                          "'defaults' for none), against the same stock run: e.g. "
-                         "--lms-variant defaults --lms-variant margin_from_own_need=1")
+                         "--lms-variant defaults --lms-variant prefetch_past_peak=0")
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations among them")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")

@@ -242,14 +242,16 @@ PROBE_COLUMNS = [
     ("run", "the run's id"),
     ("probe", "the file the run wrote (`probe`)"),
     ("kind", "what wrote it: `bench_lms_swap.py` (one configuration of the zoo benchmark), "
-             "`net_cost.py`, `vmm_costs.cu`, `region_costs.cu`, `profile_step.py`"),
+             "`net_cost.py`, `vmm_costs.cu`, `region_costs.cu`, `profile_step.py`, "
+             "`backward_memory.py`"),
     ("figures", "bench_lms_swap: model, scale, batch, result, seconds a step, % of the bound, "
                 "GiB out/in a step; net_cost: per round, GB moved and GB/s of eviction, fetch "
                 "and populate; vmm_costs: pinned copy GB/s, host handle creation GB/s by "
                 "threads, each spill variant's GB/s; region_costs: per round, seconds of each "
                 "piece of growing a pool by one region; profile_step: seconds a timed step and "
                 "its phases on the GPU, the profiled step's compute stream busy and idle, its "
-                "copies each way, and the CPU's longest block"),
+                "copies each way, and the CPU's longest block; backward_memory: per backward, "
+                "forward's end and the peaks of its first, highest and last intervals, in GB"),
 ]
 
 
@@ -278,9 +280,28 @@ def _profile(p: dict) -> str:
     return s
 
 
+def _backward_memory(p: dict) -> str:
+    """backward_memory.py's figures, as one cell: each backward's forward end and peaks."""
+    s = f"{p.get('what')} batch {p.get('batch')}"
+    if p.get("lms_options"):
+        s += " (" + ", ".join(p["lms_options"]) + ")"
+    out = []
+    for b in p.get("backwards") or []:
+        if not b.get("intervals"):
+            out.append(f"step {b.get('step')}: no intervals")
+            continue
+        h = b["highest"]
+        where = "first" if h["offset_gb"] is None else f"at {h['offset_gb']} GB"
+        out.append(f"step {b.get('step')}: end {b['forward_end_gb']}, first {b['first_peak_gb']}, "
+                   f"highest {h['peak_gb']} ({where}), last {b['last']['peak_gb']} GB")
+    return s + ": " + "; ".join(out) if out else s
+
+
 def _probe(data: dict):
     if "profile" in data:
         return "profile_step.py", _profile(data["profile"])
+    if "backward_memory" in data:
+        return "backward_memory.py", _backward_memory(data["backward_memory"])
     if "unreadable" in data:
         return "?", f"not kept: the file did not parse ({data['unreadable']})"
     if "results" in data:

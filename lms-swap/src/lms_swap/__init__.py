@@ -86,19 +86,6 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     when ``first_margin_fraction`` is set, it keeps ``margin_factor`` (5) times the
     largest saved tensor or ``first_margin_fraction`` (default 0.35) of the limit,
     whichever is more (a language model's largest tensors come last, in its loss).
-``margin_from_own_need``
-    (default False: not yet measured on a GPU; needs a running peak, the eviction net's or
-    the pluggable allocator's) learn the margin from backward's own peak, each interval's
-    peak less the bytes prefetching had brought back and backward had not used yet, instead
-    of from its peak as measured.
-    Learned from the measured peak, the margin grows with the room prefetching had: a
-    Llama with every other layer checkpointed at twice stock's batch (an H200 held to the
-    H100's size) went back and forth between two steps, one swapping 90 GB and
-    prefetching 172 tensors into the room that left (margin 31.6 GB), the next, with the
-    margin that backward taught (45.9 GB), swapping 72 GB and fetching 113 on demand:
-    3.57-4.00 s a step, against 3.2 s at a steady 67 GB on the H100 before
-    ``prefetch_past_peak``, which lets prefetching fill past forward's end and so brings
-    those bytes in.
 ``prefetch_reserve_factor``
     backward's prefetching fills device memory only up to forward's end and up to the
     limit less the margin and less this many (default 1.5) times the largest saved

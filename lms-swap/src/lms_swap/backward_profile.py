@@ -29,12 +29,27 @@ of that length prefetch into the net, 3.8 GB synchronously).
 from __future__ import annotations
 
 import bisect
-from typing import List, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional
 
-__all__ = ["BackwardLesson", "BackwardProfile"]
+__all__ = ["BackwardLesson", "BackwardProfile", "observe"]
 
 START = float("inf")  # the interval from backward's start to its first swapped unpack
 MiB = 1 << 20
+
+# what observe() was given: told of each backward's start and of each interval as it closes
+_observer: Optional[Callable[[str, dict], None]] = None
+
+
+def observe(fn: Optional[Callable[[str, dict], None]]) -> None:
+    """Has ``fn(event, fields)`` called as backwards are recorded (None: no longer), for
+    a probe of where backward's memory goes (examples/pytorch/benchmarks/backward_memory.py):
+    ``("begin", {"level"})`` as a backward starts, ``("interval", {"key", "level", "peak",
+    "ahead"})`` as each interval closes (its forward offset, None for the one before the
+    first unpack; the allocation where it began, its peak, the bytes prefetched and not yet
+    used then) and ``("end", {"peak"})`` as the backward's record ends.  Bytes throughout;
+    nothing is called where no observer is set."""
+    global _observer
+    _observer = fn
 
 
 class BackwardLesson(NamedTuple):
@@ -59,7 +74,6 @@ class BackwardProfile:
         self.pad: Optional[int] = None  # kept free under the limit by the lesson's rule
         self.used = False       # this backward prefetched further than the old rule
         self.key = START
-        self.own_peak: Optional[int] = None  # the last backward's peak less prefetched bytes
         self._recs: List[list] = []  # [key, own level at start, own peak or None]
         self._level = 0         # allocation where the running peak was last marked
         self._ahead_at_mark = 0
@@ -74,6 +88,8 @@ class BackwardProfile:
         self._recs = [[START, int(level), None]]
         self._level = self._peak = int(level)
         self._ahead_at_mark = 0
+        if _observer is not None:
+            _observer("begin", {"level": int(level)})
 
     @property
     def recording(self) -> bool:
@@ -83,6 +99,10 @@ class BackwardProfile:
         peak = self._level + max(0, int(growth))
         self._peak = max(self._peak, peak)
         self._recs[-1][2] = peak - self._ahead_at_mark
+        if _observer is not None:
+            _observer("interval", {"key": None if self.key == START else int(self.key),
+                                   "level": int(self._level), "peak": int(peak),
+                                   "ahead": int(self._ahead_at_mark)})
 
     def boundary(self, key: int, growth: int, level: int) -> None:
         """A swapped tensor saved at forward offset ``key`` is unpacked: the interval
@@ -111,15 +131,13 @@ class BackwardProfile:
     def end(self, growth: int, evicted: int, limit: int, forward_evicted: int = 0) -> tuple:
         """Backward ended (``growth``: the running peak's since the last mark; ``evicted``:
         bytes the eviction net moved in it; ``forward_evicted``: in the forward before it).
-        Returns (its peak, the lesson or None); its own peak (prefetched bytes left out)
-        is kept in ``own_peak``."""
+        Returns (its peak, the lesson or None)."""
         if not self._recs:
             return None, None
         self._close(growth)
         recs, self._recs = self._recs, []
-        # backward's own peak: each interval's peak less what prefetching had brought back
-        # and backward had not used yet, the same whatever room prefetching had
-        self.own_peak = max(r[2] for r in recs)
+        if _observer is not None:
+            _observer("end", {"peak": int(self._peak)})
         if evicted > 0 and self.used:
             floor = max(256 * MiB, int(limit) // 64)
             self.pad = min(int(limit) // 8, 2 * (self.pad or floor))

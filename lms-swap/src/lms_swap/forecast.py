@@ -278,17 +278,10 @@ class StepForecast:
             peak, exact = ((int(measured), True) if measured is not None
                            else self._backward_peak(st))
             st.bwd_peak = peak + bwd_evicted
-            need_peak = peak
-            if measured is not None and self.config.margin_from_own_need:
-                # what prefetching brought back early is prefetching's choice, not
-                # backward's need: learned into the margin, a forward that swapped more
-                # left prefetching more room, raised the next margin, and the plan and
-                # margin went back and forth from step to step
-                need_peak = int(st.bwd.own_peak)
             before = 0 if (exact or bwd_evicted > 0) else (st.peak_before or 0)
             old_k = st.k
             st.k = next_margin_factor(st.k, st.largest, st.fwd_end,
-                                      before, need_peak + bwd_evicted,
+                                      before, peak + bwd_evicted,
                                       int(self.config.min_margin),
                                       self.min_margin_factor())
             st.k = damped(st.k, old_k)

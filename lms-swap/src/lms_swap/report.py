@@ -51,8 +51,6 @@ def swap_stats(counts: collections.Counter, throttle_s: float, dev: Dict[Any, De
             prefetch_reserve(st) if st.largest else None)
         out[f"policy.{tag}.forward_end_bytes"] = st.fwd_end
         out[f"policy.{tag}.backward_peak_bytes"] = st.bwd_peak
-        # the same backward's peak less what prefetching had brought back unused
-        out[f"policy.{tag}.backward_own_peak_bytes"] = st.bwd.own_peak
         out[f"policy.{tag}.backward_lesson_pad_bytes"] = st.bwd.pad
         out[f"policy.{tag}.step_base_bytes"] = st.step_base
         out[f"policy.{tag}.base_extra_bytes"] = st.base_extra
