@@ -834,3 +834,35 @@ def test_backward_memory_says_which_interval_set_backwards_peak(m):
                                                    "backwards": [first, second]}})
     assert kind == "backward_memory.py"
     assert "step 1: end 45.0, first 70.0, highest 70.0 (first), last 67.0 GB" in figures, figures
+    _, figures = rt._probe({"backward_memory": {
+        "what": "ckpt-some", "batch": 24, "mode": "stock", "backwards": [],
+        "steps": [{"i": 0, "layers": [["model.layers.11", 30.0], ["model.layers.0", 41.5],
+                                       ["lm_head", 52.0], ["model.layers.1", 44.0]]}]}})
+    assert figures == "ckpt-some batch 24 stock: step 0 layers 30.0-52.0-44.0 GB", figures
+
+
+def test_backward_memory_watches_the_layers_of_a_models_stacks(m, monkeypatch):
+    """watch_layers hooks each child with parameters of a ModuleList or Sequential, and each
+    reports as backward reaches its output, last layer first (no GPU: the allocation reads 0)."""
+    import torch
+    tool = _import("backward_memory")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+            self.head = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 1))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    net, seen = Net(), []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)  # (no GPU here)
+    assert tool.watch_layers(net, torch, seen) == 4     # three layers, the head's Linear
+    net(torch.randn(2, 4)).sum().backward()
+    assert [x[0] for x in seen] == ["head.1", "layers.2", "layers.1", "layers.0"]
+    with torch.no_grad():
+        net(torch.randn(2, 4))
+    assert len(seen) == 4

@@ -14,12 +14,17 @@ backward's end, on a level backward built up itself).
         --steps 10 --device-gib h100 --record examples/pytorch/benchmarks/records/probes.jsonl
 
 ``--model NAME`` takes a zoo model of bench_lms_swap.py instead of a loop.  The intervals of
-the last two backwards are kept whole in the record.  Run it on the GPU machine, with
+the last two backwards are kept whole in the record.  Each step also keeps the device
+allocation as backward reaches each layer (the layers of the model's ModuleLists and
+Sequentials, read by a hook on each layer's output), under ``--mode lms`` as under ``--mode
+stock`` (plain training, no intervals), so that what backward holds on to can be told apart
+from what the swapping holds.  Run it on the GPU machine, with
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` as the benchmarks set it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -80,6 +85,30 @@ def summary(bwd: dict) -> dict:
             "levels_gb": [gb(min(x["level"] for x in iv)), gb(max(x["level"] for x in iv))]}
 
 
+def watch_layers(model, torch, seen: list) -> int:
+    """Hooks each layer of ``model`` (a child of a ModuleList or Sequential that has
+    parameters) so that, as backward reaches the layer's output, ``seen`` gets the layer's
+    name and the device allocation then.  Returns how many layers are watched."""
+    stacks = (torch.nn.ModuleList, torch.nn.Sequential)
+    count = 0
+    for parent_name, parent in model.named_modules():
+        if not isinstance(parent, stacks):
+            continue
+        for name, layer in parent.named_children():
+            if next(layer.parameters(), None) is None:
+                continue
+            full = f"{parent_name}.{name}" if parent_name else name
+
+            def hook(_mod, _args, out, full=full):
+                t = out[0] if isinstance(out, (tuple, list)) else out
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda _g: seen.append(
+                        [full, round(torch.cuda.memory_allocated() / GB, 2)]))
+            layer.register_forward_hook(hook)
+            count += 1
+    return count
+
+
 def line(s: dict, moved: dict) -> str:
     """A backward's summary, with its step's counters (``moved``), as one printed line."""
     i = s.get("step")
@@ -103,6 +132,9 @@ def main() -> int:
     what.add_argument("--loop", help="a loop of loops.py (bench_loops.py's)")
     what.add_argument("--model", help="a zoo model of bench_lms_swap.py")
     ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--mode", choices=("lms", "stock"), default="lms",
+                    help="lms: under lms_swap.swapping (the intervals and the layers); stock: "
+                         "plain training (the layers only)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lms-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an lms_swap tunable (repeatable), as the benchmarks take it")
@@ -128,17 +160,22 @@ def main() -> int:
     from lms_swap_loader import load_lms_swap
 
     device_cap.apply(torch)
-    lms = load_lms_swap(prefer_patched=False)
-    if kw:
-        lms.configure(**kw)
-    profile = importlib.import_module(lms.__name__ + ".backward_profile")
     events, at = [], [0]
-    profile.observe(lambda kind, f: events.append((kind, f, at[0])))
+    profile = lms = None
+    ctx = contextlib.nullcontext
+    if a.mode == "lms":
+        lms = load_lms_swap(prefer_patched=False)
+        if kw:
+            lms.configure(**kw)
+        ctx = lms.swapping
+        profile = importlib.import_module(lms.__name__ + ".backward_profile")
+        profile.observe(lambda kind, f: events.append((kind, f, at[0])))
     if a.loop:
         loop = loops.build(a.loop, a.batch)
+        model = loop.model
 
         def run(i):
-            loop.step(i, lms.swapping)
+            loop.step(i, ctx)
     else:
         shapes = types.SimpleNamespace(image_size=a.image_size, seq_len=a.seq_len,
                                        loss_chunk=a.loss_chunk)
@@ -146,20 +183,31 @@ def main() -> int:
         opt = bench.make_optimizer(model, a.optimizer)
 
         def run(i):
-            bench.zoo.train_step(loss_fn, opt, lms.swapping)
+            bench.zoo.train_step(loss_fn, opt, ctx)
+    layers_seen = []
+    watched = watch_layers(model, torch, layers_seen)
+    print(f"{watched} layers watched", flush=True)
 
     steps, before = [], {}
     for i in range(a.steps):
         at[0] = i
+        layers_seen.clear()
         t0 = time.perf_counter()
         run(i)
         torch.cuda.synchronize()
-        now = lms.stats()
+        now = lms.stats() if lms else {}
         moved = {k: int(now.get(k) or 0) - before.get(k, 0) for k in COUNTERS}
         before = {k: int(now.get(k) or 0) for k in COUNTERS}
         steps.append({"i": i, "s": round(time.perf_counter() - t0, 3), **moved,
-                      "policy": {k: v for k, v in now.items() if k.startswith("policy.")}})
-    profile.observe(None)
+                      "policy": {k: v for k, v in now.items() if k.startswith("policy.")},
+                      "layers": list(layers_seen)})
+        levels = [x[1] for x in layers_seen]
+        print(f"step {i} {steps[-1]['s']:.2f} s; allocated as backward reached each layer: "
+              + (f"first {levels[0]}, lowest {min(levels)}, highest {max(levels)}, last "
+                 f"{levels[-1]} GB ({len(levels)} layers)" if levels else "no layer reached"),
+              flush=True)
+    if profile is not None:
+        profile.observe(None)
     # each backward's record ends as the next step's forward begins: the last one's never
     done = [b for b in backwards(events) if b["ended"]]
     summaries = [summary(b) for b in done]
@@ -170,9 +218,9 @@ def main() -> int:
         import records
         what = a.loop or a.model
         records.append(a.record, {
-            **records.header(), "probe": f"backward_memory_{what}_{a.batch}",
+            **records.header(), "probe": f"backward_memory_{what}_{a.batch}_{a.mode}",
             "data": {"command": "python " + " ".join([os.path.basename(__file__)] + sys.argv[1:]),
-                     "backward_memory": {"what": what, "batch": a.batch,
+                     "backward_memory": {"what": what, "batch": a.batch, "mode": a.mode,
                                          "lms_options": a.lms_option, "steps": steps,
                                          "backwards": summaries,
                                          "last_intervals": [b["intervals"] for b in done[-2:]]}}})

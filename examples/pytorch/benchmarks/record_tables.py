@@ -251,7 +251,8 @@ PROBE_COLUMNS = [
                 "piece of growing a pool by one region; profile_step: seconds a timed step and "
                 "its phases on the GPU, the profiled step's compute stream busy and idle, its "
                 "copies each way, and the CPU's longest block; backward_memory: per backward, "
-                "forward's end and the peaks of its first, highest and last intervals, in GB"),
+                "forward's end and the peaks of its first, highest and last intervals, and per step the "
+                "allocation as backward reached the first, highest and last layer, in GB"),
 ]
 
 
@@ -281,11 +282,16 @@ def _profile(p: dict) -> str:
 
 
 def _backward_memory(p: dict) -> str:
-    """backward_memory.py's figures, as one cell: each backward's forward end and peaks."""
-    s = f"{p.get('what')} batch {p.get('batch')}"
+    """backward_memory.py's figures, as one cell: each backward's forward end and peaks,
+    and the allocation as backward reached the first, highest and last watched layer."""
+    s = f"{p.get('what')} batch {p.get('batch')} {p.get('mode', 'lms')}"
     if p.get("lms_options"):
         s += " (" + ", ".join(p["lms_options"]) + ")"
     out = []
+    for st in p.get("steps") or []:
+        levels = [x[1] for x in st.get("layers") or []]
+        if levels:
+            out.append(f"step {st['i']} layers {levels[0]}-{max(levels)}-{levels[-1]} GB")
     for b in p.get("backwards") or []:
         if not b.get("intervals"):
             out.append(f"step {b.get('step')}: no intervals")
