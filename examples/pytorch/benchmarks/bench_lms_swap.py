@@ -378,11 +378,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
-    ap.add_argument("--compile-net", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--compile-net-s", type=float, default=300.0, metavar="SECONDS",
-                    help="time for compiling the eviction net once, before the configurations "
-                         "with lms_swap (it is then found compiled; 0: the first such "
-                         "configuration compiles it, inside its time limit)")
+    children.add_compile_net_option(ap)
     ap.add_argument("--mode", choices=["stock", "save_on_cpu", *SWAPPING])
     ap.add_argument("--batch", type=int)
     ap.add_argument("--model", default="resnet50")
@@ -451,9 +447,7 @@ def main():
 
     if args.child:
         if args.compile_net:
-            from lms_swap_loader import compile_net
-            print("RESULT " + json.dumps(compile_net()), flush=True)
-            return 0
+            return children.compile_net_child()
         if args.probe_link:
             import torch
             rates = pinned_rates(int(args.link_probe_gib * GiB))
@@ -484,13 +478,10 @@ def main():
               flush=True)
         log.write(f"link: {link or r}\n")
     if args.compile_net_s > 0 and any(m in ("lms", "pluggable+lms") for m in args.modes):
-        # compiled once before the configurations: not inside one's time limit and first step
-        r = run_child(["--compile-net"], min(args.compile_net_s, args.budget),
-                      int(args.host_guard_gib * GiB), log)
-        print(f"[net] {r.get('net', 'unavailable')}" + (f" in {r['s']} s" if "s" in r else "")
-              + (f": {r.get('reason') or r.get('status')}" if r.get("net") != "ready" else ""),
-              flush=True)
-        log.write(f"net: {r}\n")
+        net = children.compile_net_first(
+            lambda t: run_child([children.COMPILE_NET_FLAG], t, int(args.host_guard_gib * GiB), log),
+            min(args.compile_net_s, args.budget))
+        log.write(f"net: {net}\n")
     recorded = []
     running = []  # the row of the configuration whose child runs now
 

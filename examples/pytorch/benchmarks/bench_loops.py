@@ -43,6 +43,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))
 
+import children  # noqa: E402
 from children import (finished_before_cut, install_stop_handlers, peak_rss,  # noqa: E402
                       run_process)
 from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
@@ -288,17 +289,6 @@ def bound_figures(steps, stock_row) -> dict:
 LAYERED = ("lms", "pluggable+lms")  # the modes lms_swap's tunables apply to
 
 
-def compile_net_first(run, timeout, guard, log, env) -> dict:
-    """The eviction net compiled once, in a child of its own (``run``: run_process), before
-    any configuration (lms_swap_loader.compile_net); what it answered, printed."""
-    r = run([sys.executable, __file__, "--child", "--compile-net"], timeout, guard, log, env)
-    net = {k: r[k] for k in ("net", "s", "reason") if k in r} or {
-        "net": "unavailable", "reason": str(r.get("status") or r.get("error"))[:500]}
-    print(f"[net] {net['net']}" + (f" in {net['s']} s" if "s" in net else "")
-          + (f": {net['reason']}" if "reason" in net else ""), flush=True)
-    return net
-
-
 def lms_variants(given):
     """``--lms-variant`` strings as lists of KEY=VALUE tunables, one list per variant
     (``[[]]``, the defaults alone, where none is given)."""
@@ -436,11 +426,7 @@ def main():
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--fits", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--compile-net", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--compile-net-s", type=float, default=300.0, metavar="SECONDS",
-                    help="time for compiling the eviction net once, before the configurations "
-                         "with lms_swap (it is then found compiled; 0: the first such "
-                         "configuration compiles it, inside its time limit)")
+    children.add_compile_net_option(ap)
     ap.add_argument("--loop", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -484,9 +470,7 @@ def main():
     device_cap.pass_to_children(args.device_gib)
     if args.child:
         if args.compile_net:
-            from lms_swap_loader import compile_net
-            print("RESULT " + json.dumps(compile_net()), flush=True)
-            return 0
+            return children.compile_net_child()
         if args.fits:
             return child_fits(args)
         return child_search(args) if args.search else child(args)
@@ -539,8 +523,9 @@ def main():
               flush=True)
 
     if args.compile_net_s > 0 and any(m in LAYERED for m in args.modes):
-        net = compile_net_first(run_process, min(args.compile_net_s, remaining()), guard, log, env)
-        head["net_compile"] = net
+        head["net_compile"] = children.compile_net_first(
+            lambda t: run_process([sys.executable, __file__, "--child", children.COMPILE_NET_FLAG],
+                                  t, guard, log, env), min(args.compile_net_s, remaining()))
     for name in args.loops or loops.LOOPS:
         base = given.get(name)
         if not base:

@@ -206,3 +206,38 @@ def _watch(p, t0, timeout, guard_bytes, log) -> dict:
     res["min_mem_available"] = min_avail
     res["returncode"] = p.poll()
     return res
+
+
+# ------------------------------------------------------------ the eviction net, compiled first
+COMPILE_NET_FLAG = "--compile-net"  # the child's flag: lms_swap_loader.compile_net, one RESULT
+
+
+def add_compile_net_option(ap) -> None:
+    """A parent's ``--compile-net-s`` and its children's (hidden) ``--compile-net``."""
+    import argparse
+    ap.add_argument(COMPILE_NET_FLAG, action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--compile-net-s", type=float, default=300.0, metavar="SECONDS",
+                    help="time for compiling the eviction net once, before the configurations "
+                         "with lms_swap (it is then found compiled; 0: the first such "
+                         "configuration compiles it, inside its time limit)")
+
+
+def compile_net_child() -> int:
+    """What a child given ``--compile-net`` does: compile the net, print its one RESULT."""
+    from lms_swap_loader import compile_net
+    print("RESULT " + json.dumps(compile_net()), flush=True)
+    return 0
+
+
+def compile_net_first(run: Callable[[float], dict], timeout: float) -> dict:
+    """The eviction net compiled once, by ``run(timeout)`` (a child given
+    ``--compile-net``), before any configuration, so that no configuration's time limit or
+    first step holds the compile (45-70 s on a fresh GPU machine); what it answered,
+    printed and returned (``{"net": "ready", "s": ...}`` or ``{"net": "unavailable",
+    "reason": ...}``)."""
+    r = run(timeout)
+    net = {k: r[k] for k in ("net", "s", "reason") if k in r} or {
+        "net": "unavailable", "reason": str(r.get("status") or r.get("error"))[:500]}
+    print(f"[net] {net['net']}" + (f" in {net['s']} s" if "s" in net else "")
+          + (f": {net['reason']}" if "reason" in net else ""), flush=True)
+    return net
