@@ -54,7 +54,7 @@ from link_rate import GiB, pinned_rates  # noqa: E402
 import children  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
-from scale_plan import SWAPPING, runs_at  # noqa: E402
+from scale_plan import LAYERED, SWAPPING, runs_at  # noqa: E402
 from zoo_report import add_bounds, summary_line, write_markdown, write_table  # noqa: E402
 from allocator_memory import alloc_totals, readings  # noqa: E402
 
@@ -160,7 +160,7 @@ def child(args):
         from lms_swap_loader import load_lms_allocator
         alloc = load_lms_allocator(args.allocator_settings or None)
     cap = device_cap.apply(torch)
-    if args.mode in ("lms", "pluggable+lms"):
+    if args.mode in LAYERED:
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
         kw = {}
@@ -477,7 +477,7 @@ def main():
         print(f"link (pinned copies, GB/s): {link or 'not measured: ' + str(r.get('status'))}",
               flush=True)
         log.write(f"link: {link or r}\n")
-    if args.compile_net_s > 0 and any(m in ("lms", "pluggable+lms") for m in args.modes):
+    if args.compile_net_s > 0 and any(m in LAYERED for m in args.modes):
         net = children.compile_net_first(
             lambda t: run_child([children.COMPILE_NET_FLAG], t, int(args.host_guard_gib * GiB), log),
             min(args.compile_net_s, args.budget))

@@ -50,7 +50,7 @@ from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
 import device_cap  # noqa: E402
 from allocator_memory import alloc_totals, host_gib, readings  # noqa: E402
-from scale_plan import SWAPPING, runs_at  # noqa: E402
+from scale_plan import LAYERED, SWAPPING, runs_at  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
 RECORD = HERE / "records" / "loops.jsonl"
@@ -149,7 +149,7 @@ def child(args):
     cap = device_cap.apply(torch)
     if cap:
         result["device_cap"] = cap
-    if args.mode in ("lms", "pluggable+lms"):
+    if args.mode in LAYERED:
         from lms_swap_loader import load_lms_swap
         lms = load_lms_swap(prefer_patched=False)
         if args.lms_option:
@@ -284,9 +284,6 @@ def bound_figures(steps, stock_row) -> dict:
             "net_interventions_all": sum(s.get("guard.ooms_caught", 0) for s in steps),
             "out_gb_per_iter": sum(map(_out_bytes, timed)) / max(1, len(timed)) / 1e9,
             "in_gb_per_iter": sum(map(_in_bytes, timed)) / max(1, len(timed)) / 1e9}
-
-
-LAYERED = ("lms", "pluggable+lms")  # the modes lms_swap's tunables apply to
 
 
 def lms_variants(given):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-__all__ = ["SWAPPING", "runs_at"]
+__all__ = ["LAYERED", "SWAPPING", "runs_at"]
 
 # modes that swap: they get a bound
 SWAPPING = ("lms", "pluggable", "pluggable+lms")
+# modes with lms_swap's activation layer: its tunables (--lms-option) and its net apply
+LAYERED = ("lms", "pluggable+lms")
 
 
 def runs_at(mode: str, scale: float, baseline_scales: Sequence[float],
