@@ -841,6 +841,44 @@ def test_backward_memory_says_which_interval_set_backwards_peak(m):
     assert figures == "ckpt-some batch 24 stock: step 0 layers 30.0-52.0-44.0 GB", figures
 
 
+def test_backward_memory_groups_what_is_live_by_where_it_was_allocated(m):
+    """--live-step's summary: blocks of a real allocator snapshot's form grouped by the
+    innermost frames outside torch's files, recomputation marked, those live at forward's
+    end told apart by address and size; record_tables shows the largest groups."""
+    tool = _import("backward_memory")
+    GB = 10 ** 9
+    llama = {"filename": "/x/transformers/models/llama/modeling_llama.py", "line": 90,
+             "name": "forward"}
+    recompute = {"filename": "/x/torch/utils/checkpoint.py", "line": 1, "name": "recompute_fn"}
+    linear = {"filename": "/x/torch/nn/modules/linear.py", "line": 5, "name": "forward"}
+
+    def snap(*blocks):
+        return {"segments": [{"blocks": [dict(b, state=b.get("state", "active_allocated"))
+                                         for b in blocks]}]}
+    forward_end = tool.live_blocks(snap(
+        {"address": 0, "size": 3 * GB, "frames": [linear, llama]},
+        {"address": 9 * GB, "size": GB, "frames": [], "state": "inactive"}))
+    assert forward_end == [(0, 3 * GB, "modeling_llama.py:90 forward")]
+    now = tool.live_blocks(snap(
+        {"address": 0, "size": 3 * GB, "frames": [linear, llama]},
+        {"address": 5 * GB, "size": 2 * GB, "frames": [linear, llama, recompute]},
+        {"address": 7 * GB, "size": 2 * GB, "frames": [linear, llama, recompute]},
+        {"address": 10 * GB, "size": GB, "frames": []}))
+    live = tool.live_summary(forward_end, now)
+    assert live["live_gb"] == 8 and live["from_forward_gb"] == 3
+    assert live["groups"][0] == {"when": "backward",
+                                 "site": "modeling_llama.py:90 forward [recomputed]",
+                                 "gb": 4.0, "blocks": 2, "sizes_gb": [[2.0, 2]]}
+    assert live["groups"][1]["when"] == "forward" and live["groups"][1]["gb"] == 3.0
+    assert live["groups"][2]["site"] == "(no Python frame)"
+    rt = _import("record_tables")
+    _, figures = rt._probe({"backward_memory": {
+        "what": "ckpt-some", "batch": 24, "mode": "stock", "backwards": [], "steps": [],
+        "live": live, "live_step": 4, "live_layer": "model.layers.0"}})
+    assert figures.startswith("ckpt-some batch 24 stock: live at step 4's model.layers.0: "
+                              "8.0 GB (3.0 from forward's end; 4.0 backward modeling_llama.py"), figures
+
+
 def test_backward_memory_watches_the_layers_of_a_models_stacks(m, monkeypatch):
     """watch_layers hooks each child with parameters of a ModuleList or Sequential, and each
     reports as backward reaches its output, last layer first (no GPU: the allocation reads 0)."""

@@ -85,28 +85,74 @@ def summary(bwd: dict) -> dict:
             "levels_gb": [gb(min(x["level"] for x in iv)), gb(max(x["level"] for x in iv))]}
 
 
-def watch_layers(model, torch, seen: list) -> int:
+def watch_layers(model, torch, seen: list, reached=None) -> int:
     """Hooks each layer of ``model`` (a child of a ModuleList or Sequential that has
     parameters) so that, as backward reaches the layer's output, ``seen`` gets the layer's
-    name and the device allocation then.  Returns how many layers are watched."""
-    stacks = (torch.nn.ModuleList, torch.nn.Sequential)
+    name and the device allocation then (and ``reached(name)`` is called, where given).
+    Returns how many layers are watched."""
     count = 0
-    for parent_name, parent in model.named_modules():
-        if not isinstance(parent, stacks):
-            continue
-        for name, layer in parent.named_children():
-            if next(layer.parameters(), None) is None:
-                continue
-            full = f"{parent_name}.{name}" if parent_name else name
-
-            def hook(_mod, _args, out, full=full):
-                t = out[0] if isinstance(out, (tuple, list)) else out
-                if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(lambda _g: seen.append(
-                        [full, round(torch.cuda.memory_allocated() / GB, 2)]))
-            layer.register_forward_hook(hook)
-            count += 1
+    for full, layer in _watched_names(model, torch):
+        def hook(_mod, _args, out, full=full):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                def at_grad(_g, full=full):
+                    seen.append([full, round(torch.cuda.memory_allocated() / GB, 2)])
+                    if reached is not None:
+                        reached(full)
+                t.register_hook(at_grad)
+        layer.register_forward_hook(hook)
+        count += 1
     return count
+
+
+def site(frames: list) -> str:
+    """Where a block was allocated, from its frames (innermost first): the innermost two
+    outside torch's own files, marked where the allocation came from a checkpoint's
+    recomputation; "(no Python frame)" for what backward's kernels allocate."""
+    own = [f for f in frames if "/torch/" not in f.get("filename", "")]
+    where = " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+                       for f in own[:2]) or "(no Python frame)"
+    if any("recompute" in f.get("name", "") for f in frames):
+        where += " [recomputed]"
+    return where
+
+
+def live_blocks(snapshot: dict) -> list:
+    """(address, bytes, site) of each block in use in a ``torch.cuda.memory._snapshot()``."""
+    return [(b["address"], b["size"], site(b.get("frames") or []))
+            for seg in snapshot.get("segments", []) for b in seg.get("blocks", [])
+            if b.get("state") == "active_allocated"]
+
+
+def live_summary(at_forward_end: list, now: list, top: int = 15) -> dict:
+    """The blocks live ``now`` (:func:`live_blocks`), in GB: in all, those also live at
+    forward's end (the same address and size), and the ``top`` groups by (forward's or
+    backward's, site), largest first, each with its block count and commonest sizes."""
+    old = {(a, n) for a, n, _ in at_forward_end}
+    groups = {}
+    for a, n, where in now:
+        g = groups.setdefault(("forward" if (a, n) in old else "backward", where),
+                              {"bytes": 0, "blocks": 0, "sizes": {}})
+        g["bytes"] += n
+        g["blocks"] += 1
+        g["sizes"][n] = g["sizes"].get(n, 0) + 1
+    rows = sorted(groups.items(), key=lambda kv: -kv[1]["bytes"])[:top]
+    return {"live_gb": round(sum(n for _, n, _ in now) / GB, 2),
+            "from_forward_gb": round(sum(n for a, n, _ in now if (a, n) in old) / GB, 2),
+            "groups": [{"when": when, "site": where, "gb": round(g["bytes"] / GB, 2),
+                        "blocks": g["blocks"],
+                        "sizes_gb": [[round(n / GB, 3), c] for n, c in
+                                     sorted(g["sizes"].items(), key=lambda x: -x[0] * x[1])[:3]]}
+                       for (when, where), g in rows]}
+
+
+def _print_live(summary: dict, layer: str) -> None:
+    print(f"live as backward reached {layer}: {summary['live_gb']} GB, "
+          f"{summary['from_forward_gb']} GB of it live at forward's end; by site:", flush=True)
+    for g in summary["groups"]:
+        sizes = ", ".join(f"{c} x {n}" for n, c in g["sizes_gb"])
+        print(f"  {g['gb']:7.2f} GB  {g['blocks']:4d} blocks ({sizes} GB)  {g['when']:8s} "
+              f"{g['site']}", flush=True)
 
 
 def line(s: dict, moved: dict) -> str:
@@ -123,6 +169,26 @@ def line(s: dict, moved: dict) -> str:
             f"on {s['last']['level_gb']}, levels {s['levels_gb'][0]}-{s['levels_gb'][1]} | "
             f"swapped {moved.get('swap.out_bytes', 0) / GB:.1f} GB, prefetched "
             f"{moved.get('swap.prefetched', 0)}, on demand {moved.get('swap.fetched_on_demand', 0)}")
+
+
+def _watched_names(model, torch):
+    """(name, layer) of the layers :func:`watch_layers` hooks, in the model's order."""
+    stacks = (torch.nn.ModuleList, torch.nn.Sequential)
+    for parent_name, parent in model.named_modules():
+        if isinstance(parent, stacks):
+            for name, layer in parent.named_children():
+                if next(layer.parameters(), None) is not None:
+                    yield (f"{parent_name}.{name}" if parent_name else name), layer
+
+
+def _at_forward_end(model, torch, live: dict):
+    """Takes the live blocks into ``live["forward_end"]`` as the model's forward returns
+    (a Hugging Face model's loss included; a zoo model's loss comes after), once.  Returns
+    the hook's handle."""
+    def hook(_mod, _args, _out):
+        if live.get("forward_end") is None:
+            live["forward_end"] = live_blocks(torch.cuda.memory._snapshot())
+    return model.register_forward_hook(hook)
 
 
 def main() -> int:
@@ -142,12 +208,22 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--loss-chunk", type=int, default=512)
     ap.add_argument("--optimizer", default="sgd")
+    ap.add_argument("--live-step", type=int, metavar="N",
+                    help="say what is allocated, and where it was allocated, as backward of "
+                         "step N reaches --live-layer")
+    ap.add_argument("--live-layer", metavar="NAME",
+                    help="the layer (as the watched layers are named, e.g. model.layers.0); "
+                         "default: the last one backward reaches")
     ap.add_argument("--record", metavar="PATH",
                     help="append the run's figures as one JSON line (records/probes.jsonl's form)")
     device_cap.add_option(ap)
     a = ap.parse_args()
     if a.steps < 2:
         ap.error("--steps must be at least 2: a backward's record ends in the next step")
+    if a.live_step is not None and not 0 <= a.live_step < a.steps:
+        ap.error(f"--live-step must be a step of the run, 0 to {a.steps - 1}")
+    if a.live_layer is not None and a.live_step is None:
+        ap.error("--live-layer needs --live-step")
     import bench_lms_swap as bench
     try:  # refused here, before the GPU is touched
         kw = bench.parse_lms_options(a.lms_option)
@@ -184,17 +260,41 @@ def main() -> int:
 
         def run(i):
             bench.zoo.train_step(loss_fn, opt, ctx)
-    layers_seen = []
-    watched = watch_layers(model, torch, layers_seen)
+    layers_seen, live = [], {}
+    names = []
+
+    def reached(name):
+        # the snapshot is taken once, at --live-layer or, by default, at the first layer
+        # of the stacks (the last that backward reaches)
+        if live.get("armed") and name == (a.live_layer or names[0]):
+            live["armed"] = False
+            live["at"] = live_blocks(torch.cuda.memory._snapshot())
+    watched = watch_layers(model, torch, layers_seen,
+                           reached if a.live_step is not None else None)
+    names.extend(n for n, _ in _watched_names(model, torch))
+    if a.live_layer is not None and a.live_layer not in names:
+        raise SystemExit(f"--live-layer {a.live_layer!r} is not a watched layer; they are: "
+                         + ", ".join(names))
     print(f"{watched} layers watched", flush=True)
 
     steps, before = [], {}
     for i in range(a.steps):
         at[0] = i
         layers_seen.clear()
+        if i == a.live_step:
+            torch.cuda.memory._record_memory_history(enabled="state", stacks="python")
+            live["armed"] = True
+            live["forward_end"] = None
+            forward_end = _at_forward_end(model, torch, live)
         t0 = time.perf_counter()
         run(i)
         torch.cuda.synchronize()
+        if i == a.live_step:
+            forward_end.remove()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            if live.get("at") is not None:
+                live["summary"] = live_summary(live.get("forward_end") or [], live["at"])
+                _print_live(live["summary"], a.live_layer or names[0])
         now = lms.stats() if lms else {}
         moved = {k: int(now.get(k) or 0) - before.get(k, 0) for k in COUNTERS}
         before = {k: int(now.get(k) or 0) for k in COUNTERS}
@@ -214,6 +314,9 @@ def main() -> int:
     for s in summaries:
         st = steps[s["step"]]
         print(line(s, st), f"| {st['s']:.2f} s", flush=True)
+    if a.live_step is not None and live.get("summary") is None:
+        print(f"--live-step {a.live_step}: backward never reached "
+              f"{a.live_layer or names[0]}", flush=True)
     if a.record:
         import records
         what = a.loop or a.model
@@ -223,6 +326,9 @@ def main() -> int:
                      "backward_memory": {"what": what, "batch": a.batch, "mode": a.mode,
                                          "lms_options": a.lms_option, "steps": steps,
                                          "backwards": summaries,
+                                         "live": live.get("summary"),
+                                         "live_step": a.live_step,
+                                         "live_layer": a.live_layer or (names[0] if names else None),
                                          "last_intervals": [b["intervals"] for b in done[-2:]]}}})
     return 0
 

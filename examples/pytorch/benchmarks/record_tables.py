@@ -283,7 +283,8 @@ def _profile(p: dict) -> str:
 
 def _backward_memory(p: dict) -> str:
     """backward_memory.py's figures, as one cell: each backward's forward end and peaks,
-    and the allocation as backward reached the first, highest and last watched layer."""
+    the allocation as backward reached the first, highest and last watched layer, and
+    (``--live-step``) the largest groups of what was live at the layer it names."""
     s = f"{p.get('what')} batch {p.get('batch')} {p.get('mode', 'lms')}"
     if p.get("lms_options"):
         s += " (" + ", ".join(p["lms_options"]) + ")"
@@ -300,6 +301,12 @@ def _backward_memory(p: dict) -> str:
         where = "first" if h["offset_gb"] is None else f"at {h['offset_gb']} GB"
         out.append(f"step {b.get('step')}: end {b['forward_end_gb']}, first {b['first_peak_gb']}, "
                    f"highest {h['peak_gb']} ({where}), last {b['last']['peak_gb']} GB")
+    live = p.get("live")
+    if live:
+        # the three largest groups of what was allocated as backward reached the layer
+        top = ", ".join(f"{g['gb']} {g['when']} {g['site']}" for g in live["groups"][:3])
+        out.append(f"live at step {p.get('live_step')}'s {p.get('live_layer')}: "
+                   f"{live['live_gb']} GB ({live['from_forward_gb']} from forward's end; {top})")
     return s + ": " + "; ".join(out) if out else s
 
 
