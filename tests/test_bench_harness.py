@@ -847,23 +847,27 @@ def test_backward_memory_groups_what_is_live_by_where_it_was_allocated(m):
     end told apart by address and size; record_tables shows the largest groups."""
     tool = _import("backward_memory")
     GB = 10 ** 9
-    llama = {"filename": "/x/transformers/models/llama/modeling_llama.py", "line": 90,
-             "name": "forward"}
-    recompute = {"filename": "/x/torch/utils/checkpoint.py", "line": 1, "name": "recompute_fn"}
-    linear = {"filename": "/x/torch/nn/modules/linear.py", "line": 5, "name": "forward"}
+    # a library in a folder whose path names torch is the caller's, not torch's
+    llama = {"filename": "/opt/torch/site-packages/transformers/models/llama/modeling_llama.py",
+             "line": 90, "name": "forward"}
+    recompute = {"filename": "/opt/torch/site-packages/torch/utils/checkpoint.py", "line": 1,
+                 "name": "recompute_fn"}
+    linear = {"filename": "/opt/torch/site-packages/torch/nn/modules/linear.py", "line": 5,
+              "name": "forward"}
 
     def snap(*blocks):
         return {"segments": [{"blocks": [dict(b, state=b.get("state", "active_allocated"))
                                          for b in blocks]}]}
+    torch_dir = "/opt/torch/site-packages/torch"
     forward_end = tool.live_blocks(snap(
         {"address": 0, "size": 3 * GB, "frames": [linear, llama]},
-        {"address": 9 * GB, "size": GB, "frames": [], "state": "inactive"}))
+        {"address": 9 * GB, "size": GB, "frames": [], "state": "inactive"}), torch_dir)
     assert forward_end == [(0, 3 * GB, "modeling_llama.py:90 forward")]
     now = tool.live_blocks(snap(
         {"address": 0, "size": 3 * GB, "frames": [linear, llama]},
         {"address": 5 * GB, "size": 2 * GB, "frames": [linear, llama, recompute]},
         {"address": 7 * GB, "size": 2 * GB, "frames": [linear, llama, recompute]},
-        {"address": 10 * GB, "size": GB, "frames": []}))
+        {"address": 10 * GB, "size": GB, "frames": []}), torch_dir)
     live = tool.live_summary(forward_end, now)
     assert live["live_gb"] == 8 and live["from_forward_gb"] == 3
     assert live["groups"][0] == {"when": "backward",

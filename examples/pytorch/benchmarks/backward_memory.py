@@ -105,11 +105,14 @@ def watch_layers(model, torch, seen: list, reached=None) -> int:
     return count
 
 
-def site(frames: list) -> str:
+def site(frames: list, torch_dir: str) -> str:
     """Where a block was allocated, from its frames (innermost first): the innermost two
-    outside torch's own files, marked where the allocation came from a checkpoint's
-    recomputation; "(no Python frame)" for what backward's kernels allocate."""
-    own = [f for f in frames if "/torch/" not in f.get("filename", "")]
+    outside torch's own files (those under ``torch_dir``, torch's package folder: a
+    library installed beside it, in a folder whose path names torch as well, counts as
+    the caller's), marked where the allocation came from a checkpoint's recomputation;
+    "(no Python frame)" for what backward's kernels allocate."""
+    inside = os.path.join(torch_dir, "")
+    own = [f for f in frames if not f.get("filename", "").startswith(inside)]
     where = " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
                        for f in own[:2]) or "(no Python frame)"
     if any("recompute" in f.get("name", "") for f in frames):
@@ -117,9 +120,10 @@ def site(frames: list) -> str:
     return where
 
 
-def live_blocks(snapshot: dict) -> list:
-    """(address, bytes, site) of each block in use in a ``torch.cuda.memory._snapshot()``."""
-    return [(b["address"], b["size"], site(b.get("frames") or []))
+def live_blocks(snapshot: dict, torch_dir: str) -> list:
+    """(address, bytes, site) of each block in use in a ``torch.cuda.memory._snapshot()``
+    (:func:`site`, ``torch_dir`` its torch's package folder)."""
+    return [(b["address"], b["size"], site(b.get("frames") or [], torch_dir))
             for seg in snapshot.get("segments", []) for b in seg.get("blocks", [])
             if b.get("state") == "active_allocated"]
 
@@ -187,7 +191,7 @@ def _at_forward_end(model, torch, live: dict):
     the hook's handle."""
     def hook(_mod, _args, _out):
         if live.get("forward_end") is None:
-            live["forward_end"] = live_blocks(torch.cuda.memory._snapshot())
+            live["forward_end"] = live_blocks(torch.cuda.memory._snapshot(), os.path.dirname(torch.__file__))
     return model.register_forward_hook(hook)
 
 
@@ -268,7 +272,7 @@ def main() -> int:
         # of the stacks (the last that backward reaches)
         if live.get("armed") and name == (a.live_layer or names[0]):
             live["armed"] = False
-            live["at"] = live_blocks(torch.cuda.memory._snapshot())
+            live["at"] = live_blocks(torch.cuda.memory._snapshot(), os.path.dirname(torch.__file__))
     watched = watch_layers(model, torch, layers_seen,
                            reached if a.live_step is not None else None)
     names.extend(n for n, _ in _watched_names(model, torch))
