@@ -14,7 +14,11 @@ Loops (``LOOPS``):
 ckpt-decoder     zoo.py's Llama (12 layers, d=2048, seq 2048) with Hugging Face's
                  ``gradient_checkpointing_enable()`` (its defaults)
 ckpt-some        the same with torch.utils.checkpoint (non-reentrant) on every other layer
-                 only (a user checkpointing what does not fit)
+                 only (a user checkpointing what does not fit).  The model keeps its default
+                 ``use_cache=True``, as such a user gets (Hugging Face turns the cache off
+                 only in its own checkpointing): every layer's keys and values stay in the
+                 step's output until the step ends, in stock as under swapping, and each
+                 checkpointed layer's recomputation adds them again
 ckpt-logprobs    ckpt-decoder with the loss preference and RL fine-tuning code computes:
                  per-token log-probabilities, ``log_softmax`` over the fp32 logits and a
                  ``gather`` (no ``F.cross_entropy``, so no swapper's loss chunking applies).
