@@ -111,6 +111,50 @@ def test_a_dropped_forward_the_net_rescued_at_the_base_raises_the_plan(
     assert st.plan == 12 * MiB and forecast.counts["abandoned_rescues"] == 1
 
 
+class _ReleasingNet(_Net2):
+    """... whose caching allocator released its cache once a step, whatever was swapped."""
+
+    def __init__(self):
+        super().__init__()
+        self.releases = 0
+
+    def released(self, index):
+        return self.releases
+
+
+@pytest.mark.parametrize("option", [True, False])
+def test_a_release_every_step_keeps_no_raise_that_only_repeats_the_larger_swap(m, option):
+    """Two steps of one shape, neither needing the net, each with one cache release: the
+    first swapped 90 MiB, the second 72 MiB and then raised its plan to 82 MiB.  With
+    ``settle_when_releases_persist`` the raise is taken back (swapping more had not spared
+    the release); without it any release keeps it.  A step of another shape, or one after
+    a step that swapped more without a release, keeps it either way."""
+    from lms_swap.forecast import StepForecast
+    net, level = _ReleasingNet(), {"now": 0}
+    forecast = StepForecast(m.SwapConfig(device_type="cpu", policy="auto", device_limit=100 * MiB,
+                                         adaptive_margin=False,
+                                         settle_when_releases_persist=option),
+                            guard=lambda: net, allocated_of=lambda st: level["now"])
+    st = m.DevState(0)
+
+    def step(swapped, raised_to, released=1, shape=(4, 8)):
+        forecast.enter_profile(st, torch.empty(*shape))
+        st.planned, st.plan_before, st.plan = swapped, 68 * MiB, raised_to
+        net.releases += released
+        forecast.begin_forward(st)
+        return st.plan
+
+    step(90 * MiB, 68 * MiB)                                  # the larger swap, released once
+    assert step(72 * MiB, 82 * MiB) == (72 * MiB if option else 82 * MiB)
+    assert forecast.counts["plan_settled_past_releases"] == (1 if option else 0)
+    assert step(72 * MiB, 82 * MiB) == 82 * MiB               # the step before swapped as much
+    step(90 * MiB, 68 * MiB, released=0)                      # a larger swap spared the release
+    assert step(72 * MiB, 82 * MiB) == 82 * MiB
+    step(90 * MiB, 68 * MiB)
+    assert step(72 * MiB, 82 * MiB, shape=(4, 16)) == 82 * MiB  # another shape
+    assert forecast.counts["plan_settled_past_releases"] == (1 if option else 0)
+
+
 class _Meter:
     """Stands in for a pluggable allocator's running peak (no eviction net): the level
     the allocator counts, its highest since the last mark, and nothing released."""

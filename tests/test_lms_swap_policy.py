@@ -280,6 +280,21 @@ def test_without_the_net_the_first_step_keeps_its_share(m):
         m.SwapConfig(first_margin_fraction=1.0)
 
 
+def test_releases_a_larger_swap_had_too_are_not_the_smaller_plans_harm(m):
+    """releases_persist: a step's cache releases count as harm of its smaller plan only
+    where the step before it (same shape, no net) swapped more and released less."""
+    persist = m.policy.releases_persist
+    G = 1 << 30
+    assert persist(72 * G, 1, (90 * G, 1))         # the larger swap released as often
+    assert persist(72 * G, 1, (90 * G, 3))
+    assert not persist(72 * G, 2, (90 * G, 1))     # more releases than the larger swap had
+    assert not persist(72 * G, 1, (90 * G, 0))     # the larger swap spared them
+    assert not persist(90 * G, 1, (72 * G, 1))     # the step before swapped less
+    assert not persist(72 * G, 1, (72 * G, 1))
+    assert not persist(72 * G, 1, None)            # another shape, or the net helped it
+    assert not persist(72 * G, 0, (90 * G, 1))     # nothing released: nothing to excuse
+
+
 def test_a_harmless_step_takes_back_the_plan_it_raised(m):
     """The plan is raised at forward's end, on a forecast of backward's need; a step whose
     backward then needed neither the net nor a cache release proved what it swapped was

@@ -152,6 +152,12 @@ Tunables (keyword arguments of :func:`enable`, :func:`configure`, :func:`swappin
     allocator can have), compute it in blocks of rows (:mod:`.chunked_loss`: the same
     formula rounded in another order, not bitwise equal); ``True``: for every supported
     loss of 256 MiB or more; ``False``: never.  Counted in ``swap.chunked_losses``.
+``settle_when_releases_persist``
+    (default False, until measured on every loop) a step after which the plan was raised
+    takes the raise back where the step swapped less than the step before it, of the same
+    shape, and the caching allocator released its cache no more often than there, neither
+    step needing the eviction net: swapping more did not spare those releases.  (Without
+    it, any release keeps the raise.)  Counted in ``swap.plan_settled_past_releases``.
 ``trace``
     record ``(time, event, device bytes allocated, host bytes in use)`` per pack and
     unpack into :func:`trace` (costs a memory query per event).

@@ -25,8 +25,8 @@ import torch
 from . import device_memory
 from .environment import GiB, MiB, allocator_lms
 from .policy import (damped, growth_to_end, in_tail, next_margin_factor, next_plan,
-                     next_reserve_factor, next_slack, predict_forward_end, settled_plan,
-                     should_swap, swap_trigger)
+                     next_reserve_factor, next_slack, predict_forward_end, releases_persist,
+                     settled_plan, should_swap, swap_trigger)
 from .profiles import signature
 from .state import DevState
 
@@ -260,15 +260,24 @@ class StepForecast:
             moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
             st.slack = next_slack(st.slack, released > st.released_seen, moved,
                                   self.limit(st))
+            releases = released - st.released_seen
+            swapped = st.planned + st.reactive
+            clean = st.fwd_evicted == 0 and bwd_evicted == 0
             if st.plan_before is not None and self.config.policy == "auto":
-                harmless = (st.fwd_evicted == 0 and bwd_evicted == 0
-                            and released == st.released_seen)
-                settled = settled_plan(st.plan, st.plan_before,
-                                       st.planned + st.reactive, harmless)
+                # releases the step before, which swapped more, had as well are none
+                # of this plan's doing (releases_persist)
+                persisted = (clean and releases > 0
+                             and self.config.settle_when_releases_persist
+                             and releases_persist(swapped, releases, self._clean_before(st)))
+                harmless = clean and (releases == 0 or persisted)
+                settled = settled_plan(st.plan, st.plan_before, swapped, harmless)
                 if settled < st.plan:
                     self.counts["plan_raises_undone"] += 1
+                    if persisted:
+                        self.counts["plan_settled_past_releases"] += 1
                 st.plan = settled
             st.released_seen = released
+            st.last_clean = (st.sig, swapped, releases) if clean else None
         st.plan_before = None
         if (st.index is not None and st.fwd_end is not None and st.largest
                 and self.config.adaptive_margin and self.config.margin is None
@@ -306,6 +315,15 @@ class StepForecast:
         st.saved = 0
         st.kept_movable = 0
         st.rec_off, st.rec_unswapped = [], []
+
+    @staticmethod
+    def _clean_before(st: DevState) -> Optional[tuple]:
+        """(bytes swapped, the caching allocator's releases) of the step before this one
+        where it was of this step's shape and the net did not help it, else None."""
+        last = st.last_clean
+        if last is None or last[0] != st.sig:
+            return None
+        return last[1], last[2]
 
     def _learn_from_rescue(self, st: DevState, moved: int) -> None:
         """A forward dropped without a backward needed the net to move ``moved`` bytes.

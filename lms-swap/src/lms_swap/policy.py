@@ -14,8 +14,8 @@ from .environment import GiB, MiB, check_environment, threshold_from_env
 
 __all__ = ["SwapConfig", "check_settings", "damped", "dense_span", "growth_to_end", "in_tail",
            "inflight_room", "learn_margin", "next_margin_factor", "next_plan", "next_reserve_factor",
-           "next_slack", "predict_forward_end", "settled_plan", "should_swap", "storage_bytes",
-           "swap_trigger"]
+           "next_slack", "predict_forward_end", "releases_persist", "settled_plan", "should_swap",
+           "storage_bytes", "swap_trigger"]
 
 
 class SwapConfig:
@@ -46,6 +46,7 @@ class SwapConfig:
         "guard": True,
         "device_type": "cuda",
         "chunked_loss": "auto",
+        "settle_when_releases_persist": False,
     }
 
     def __init__(self, **kw: Any) -> None:
@@ -129,6 +130,7 @@ _RULES = {
     "guard": (_is_bool, _BOOL),
     "device_type": (lambda v: v in ("cuda", "cpu"), "'cuda' (or 'cpu' for tests)"),
     "chunked_loss": (lambda v: v == "auto" or _is_bool(v), "'auto', True or False"),
+    "settle_when_releases_persist": (_is_bool, _BOOL),
 }
 
 
@@ -292,6 +294,22 @@ def settled_plan(plan: int, plan_before: int, swapped: int, harmless: bool) -> i
     if not harmless or plan <= plan_before:
         return int(plan)
     return int(max(plan_before, swapped))
+
+
+def releases_persist(swapped: int, releases: int, before: Optional[tuple]) -> bool:
+    """Whether the caching allocator's releases in a step that swapped ``swapped`` bytes
+    (``releases`` of them) also came in the step before it, of the same shape, which swapped
+    more and did not need the eviction net either: ``before`` is that step's (bytes
+    swapped, releases), or None where it was of another shape or needed the net.  Swapping
+    more did not spare the releases then, so they are not the harm of swapping less, and
+    :func:`settled_plan` may take back a raise that only repeats the larger swap.  (On an
+    H200 held to an H100's size, a Llama checkpointed on every other layer at twice stock's
+    batch released its cache once in every step, whether it swapped 90.3 or 72.0 GB; the
+    plan was never taken back, and the two kinds of step alternated for good.)"""
+    if before is None or releases <= 0:
+        return False
+    more, had = before
+    return int(more) > int(swapped) and int(had) >= int(releases)
 
 
 def learn_margin(

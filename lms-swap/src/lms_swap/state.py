@@ -109,6 +109,7 @@ class DevState:
         "released_seen", "fwd_evicted", "cap", "fwd_base", "fwd_marked", "bwd_peak",
         "seen", "sig", "profiles", "plan_before", "kept_movable", "step_base",
         "taught_base", "base_extra", "above_base_pad", "bwd", "bwd_lesson", "order_max",
+        "last_clean",
     )
 
     def __init__(self, index: Optional[int]) -> None:
@@ -168,3 +169,6 @@ class DevState:
         self.bwd = BackwardProfile()
         self.bwd_lesson: Optional[BackwardLesson] = None
         self.order_max: List[int] = []  # largest swapped tensor at or below each position
+        # the last step the net did not help: (its signature, bytes it swapped, the caching
+        # allocator's releases in it), or None
+        self.last_clean: Optional[tuple] = None
