@@ -185,13 +185,18 @@ def _watched_names(model, torch):
                     yield (f"{parent_name}.{name}" if parent_name else name), layer
 
 
+def _live_now(torch) -> list:
+    """:func:`live_blocks` of the caching allocator as it is now."""
+    return live_blocks(torch.cuda.memory._snapshot(), os.path.dirname(torch.__file__))
+
+
 def _at_forward_end(model, torch, live: dict):
     """Takes the live blocks into ``live["forward_end"]`` as the model's forward returns
     (a Hugging Face model's loss included; a zoo model's loss comes after), once.  Returns
     the hook's handle."""
     def hook(_mod, _args, _out):
         if live.get("forward_end") is None:
-            live["forward_end"] = live_blocks(torch.cuda.memory._snapshot(), os.path.dirname(torch.__file__))
+            live["forward_end"] = _live_now(torch)
     return model.register_forward_hook(hook)
 
 
@@ -265,20 +270,23 @@ def main() -> int:
         def run(i):
             bench.zoo.train_step(loss_fn, opt, ctx)
     layers_seen, live = [], {}
-    names = []
-
-    def reached(name):
-        # the snapshot is taken once, at --live-layer or, by default, at the first layer
-        # of the stacks (the last that backward reaches)
-        if live.get("armed") and name == (a.live_layer or names[0]):
-            live["armed"] = False
-            live["at"] = live_blocks(torch.cuda.memory._snapshot(), os.path.dirname(torch.__file__))
-    watched = watch_layers(model, torch, layers_seen,
-                           reached if a.live_step is not None else None)
-    names.extend(n for n, _ in _watched_names(model, torch))
+    names = [n for n, _ in _watched_names(model, torch)]
+    if a.live_step is not None and not names:
+        raise SystemExit("--live-step: the model has no layers to watch (no ModuleList or "
+                         "Sequential with parameters)")
     if a.live_layer is not None and a.live_layer not in names:
         raise SystemExit(f"--live-layer {a.live_layer!r} is not a watched layer; they are: "
                          + ", ".join(names))
+    # the snapshot is taken once, at --live-layer or, by default, at the first layer of the
+    # stacks (the last that backward reaches)
+    target = a.live_layer or (names[0] if names else None)
+
+    def reached(name):
+        if live.get("armed") and name == target:
+            live["armed"] = False
+            live["at"] = _live_now(torch)
+    watched = watch_layers(model, torch, layers_seen,
+                           reached if a.live_step is not None else None)
     print(f"{watched} layers watched", flush=True)
 
     steps, before = [], {}
@@ -298,7 +306,7 @@ def main() -> int:
             torch.cuda.memory._record_memory_history(enabled=None)
             if live.get("at") is not None:
                 live["summary"] = live_summary(live.get("forward_end") or [], live["at"])
-                _print_live(live["summary"], a.live_layer or names[0])
+                _print_live(live["summary"], target)
         now = lms.stats() if lms else {}
         moved = {k: int(now.get(k) or 0) - before.get(k, 0) for k in COUNTERS}
         before = {k: int(now.get(k) or 0) for k in COUNTERS}
@@ -319,8 +327,7 @@ def main() -> int:
         st = steps[s["step"]]
         print(line(s, st), f"| {st['s']:.2f} s", flush=True)
     if a.live_step is not None and live.get("summary") is None:
-        print(f"--live-step {a.live_step}: backward never reached "
-              f"{a.live_layer or names[0]}", flush=True)
+        print(f"--live-step {a.live_step}: backward never reached {target}", flush=True)
     if a.record:
         import records
         what = a.loop or a.model
@@ -332,7 +339,7 @@ def main() -> int:
                                          "backwards": summaries,
                                          "live": live.get("summary"),
                                          "live_step": a.live_step,
-                                         "live_layer": a.live_layer or (names[0] if names else None),
+                                         "live_layer": target,
                                          "last_intervals": [b["intervals"] for b in done[-2:]]}}})
     return 0
 
