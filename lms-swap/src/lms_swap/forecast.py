@@ -257,17 +257,15 @@ class StepForecast:
             st.peak_marked = False
         if meter is not None and st.index is not None:
             released = meter.released(st.index)
-            moved = st.planned + st.reactive + st.fwd_evicted + bwd_evicted
-            st.slack = next_slack(st.slack, released > st.released_seen, moved,
-                                  self.limit(st))
             releases = released - st.released_seen
             swapped = st.planned + st.reactive
             clean = st.fwd_evicted == 0 and bwd_evicted == 0
+            st.slack = next_slack(st.slack, releases > 0,
+                                  swapped + st.fwd_evicted + bwd_evicted, self.limit(st))
             if st.plan_before is not None and self.config.policy == "auto":
                 # releases the step before, which swapped more, had as well are none
                 # of this plan's doing (releases_persist)
-                persisted = (clean and releases > 0
-                             and self.config.settle_when_releases_persist
+                persisted = (clean and self.config.settle_when_releases_persist
                              and releases_persist(swapped, releases, self._clean_before(st)))
                 harmless = clean and (releases == 0 or persisted)
                 settled = settled_plan(st.plan, st.plan_before, swapped, harmless)
