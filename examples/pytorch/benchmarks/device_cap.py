@@ -11,6 +11,15 @@ size and the pluggable LMS allocator takes as its LMS limit.  Under the pluggabl
 is applied after the allocator is installed: any earlier ``torch.cuda`` call initializes the
 native allocator, and PyTorch then refuses to change it.
 
+Where the held card is stricter than the real one: under a fraction, PyTorch's caching
+allocator refuses a new mapping when what it has reserved plus the *whole* request would pass
+the fraction, before expandable segments would map only the pages the request lacks.  Near
+the top, a request a real card serves from the segment's free tail plus a few new pages is
+refused here, and the allocator releases its cache and retries.  Stock's UNet at its largest
+batch (417) releases none in 14 steps on an H100 and 28 on an H200 held to its size
+(records/zoo.jsonl, runs 53-132 against 140-202), so a held card's figures for a model near
+its edge can be lower than the H100's, not higher.
+
 Host memory is not capped: the machines with the larger cards have as much or more.
 """
 from __future__ import annotations
