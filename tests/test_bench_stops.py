@@ -124,12 +124,24 @@ def test_a_stopped_parent_records_before_its_child_has_ended(tmp_path):
                 pass
 
 
+def _started(tmp_path):
+    """The file a stand-in configuration child writes first, to say it has started."""
+    return tmp_path / "child.started"
+
+
 def _zoo_stopped_after(tmp_path, child, seconds):
     """The zoo bench over one lms configuration whose child is ``child``, stopped as an outer
-    timeout stops it (SIGTERM) ``seconds`` after it started: its record and table files."""
+    timeout stops it (SIGTERM) ``seconds`` after the child wrote ``_started`` (not after a
+    fixed time from the parent's start: on a loaded machine the parent's imports alone can
+    take seconds): its record and table files."""
     parent, record, table = zoo_parent(tmp_path, child, "--models", "resnet50", "--base-batch",
                                         "resnet50=4", "--modes", "lms", "--scales", "1.5")
     p = subprocess.Popen([sys.executable, str(parent)], stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not _started(tmp_path).exists():
+        assert p.poll() is None, p.stderr.read().decode()
+        assert time.time() < deadline, "the configuration's child never started"
+        time.sleep(0.05)
     time.sleep(seconds)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM, p.stderr.read().decode()
@@ -140,8 +152,9 @@ def test_a_zoo_run_stopped_mid_configuration_still_writes_its_record(tmp_path):
     """The zoo bench writes one record per run, at its end.  An outer timeout that stops it
     while a configuration runs must still leave that record: the configurations before, and
     the one it cut with the steps it printed (an H100 run cut this way left none)."""
-    child = stepping_child(tmp_path)  # stands in for every configuration
-    record, table = _zoo_stopped_after(tmp_path, child, 4)
+    # stands in for every configuration
+    child = stepping_child(tmp_path, f"open({str(_started(tmp_path))!r}, 'w').close()\n")
+    record, table = _zoo_stopped_after(tmp_path, child, 2)
     lines = record.read_text().splitlines()
     assert len(lines) == 1, lines
     (res,) = __import__("json").loads(lines[0])["results"]
@@ -180,16 +193,17 @@ def test_a_stop_while_a_finished_child_exits_keeps_its_result(tmp_path):
     host memory takes seconds) when the bench is stopped: its row is recorded with the
     result it printed, not as cut."""
     child = tmp_path / "child.py"
-    child.write_text(textwrap.dedent("""
+    child.write_text(textwrap.dedent(f"""
         import json, time
-        print("RESULT " + json.dumps({
+        open({str(_started(tmp_path))!r}, "w").close()
+        print("RESULT " + json.dumps({{
             "model": "resnet50", "mode": "lms", "batch": 6, "status": "ok",
             "units_per_s": 12.5, "unit": "img/s", "step_s": 0.48, "timed_steps": 14,
             "timed_alloc_retries": 0, "out_bytes_per_step": 2e9, "in_bytes_per_step": 2e9,
-            "peak_alloc": 1 << 30, "peak_reserved": 1 << 30}), flush=True)
+            "peak_alloc": 1 << 30, "peak_reserved": 1 << 30}}), flush=True)
         time.sleep(60)  # its exit, slow
     """))
-    record, table = _zoo_stopped_after(tmp_path, child, 4)
+    record, table = _zoo_stopped_after(tmp_path, child, 2)
     lines = record.read_text().splitlines()
     assert len(lines) == 1, lines
     (res,) = __import__("json").loads(lines[0])["results"]
