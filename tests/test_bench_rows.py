@@ -5,6 +5,7 @@ compared with, and how far a cut configuration got.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -311,3 +312,32 @@ def test_a_run_held_to_a_smaller_card_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv(cap.ENV, "zero")
     with pytest.raises(SystemExit):
         cap.gib()
+
+
+def test_how_a_card_is_held_reaches_the_children_and_the_record(tmp_path, monkeypatch):
+    """--device-hold: 'fraction' unless asked, a bad hold refused at the command line and
+    in a child's environment, and a run held by a ballast says so in its record and table
+    (a held card by PyTorch's fraction is stricter near its edge than the real card)."""
+    cap = import_bench("device_cap")
+    records = import_bench("records")
+    p = subprocess.run([sys.executable, str(BENCH / "bench_loops.py"), "--device-hold",
+                        "sandbag", "--table-only"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--device-hold" in p.stderr, p.stderr
+    with pytest.raises(ValueError):
+        cap.pass_to_children(40.0, "sandbag")
+    for env in (cap.ENV, cap.HOLD_ENV):  # what pass_to_children writes goes at teardown
+        monkeypatch.setenv(env, "")
+        monkeypatch.delenv(env)
+    cap.pass_to_children(None, "ballast")  # no size asked: nothing held, nothing passed
+    assert cap.HOLD_ENV not in os.environ and cap.hold() == "fraction"
+    cap.pass_to_children(cap.parse("h100"))
+    assert os.environ[cap.HOLD_ENV] == "fraction" and records.machine()["device_hold"] == "fraction"
+    cap.pass_to_children(cap.parse("h100"), "ballast")
+    m = dict(records.machine(), gpu="NVIDIA H200, 580.159.04")
+    assert m["device_hold"] == "ballast", m
+    assert records.gpu_label(m) == ("NVIDIA H200, 580.159.04, held to 79.2 GiB (an H100's "
+                                    "size) by a ballast")
+    monkeypatch.setenv(cap.HOLD_ENV, "sandbag")
+    with pytest.raises(SystemExit) as e:
+        cap.hold()
+    assert "sandbag" in str(e.value)

@@ -238,7 +238,7 @@ def main() -> int:
         kw = bench.parse_lms_options(a.lms_option)
     except (TypeError, ValueError) as e:
         ap.error(str(e))
-    device_cap.pass_to_children(a.device_gib)
+    device_cap.pass_to_children(a.device_gib, a.device_hold)
 
     import torch
     import loops

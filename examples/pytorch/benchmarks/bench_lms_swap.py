@@ -440,7 +440,7 @@ def main():
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite the table from the records, run nothing")
     args = ap.parse_args()
-    device_cap.pass_to_children(args.device_gib)
+    device_cap.pass_to_children(args.device_gib, args.device_hold)
     if args.table_only:
         write_table(pathlib.Path(args.table), records.load(args.record))
         return 0

@@ -464,7 +464,7 @@ def main():
         variants = lms_variants(args.lms_variant)
     except ValueError as e:
         ap.error(str(e))
-    device_cap.pass_to_children(args.device_gib)
+    device_cap.pass_to_children(args.device_gib, args.device_hold)
     if args.child:
         if args.compile_net:
             return children.compile_net_child()

@@ -20,17 +20,30 @@ batch (417) releases none in 14 steps on an H100 and 28 on an H200 held to its s
 (records/zoo.jsonl, runs 53-132 against 140-202), so a held card's figures for a model near
 its edge can be lower than the H100's, not higher.
 
+``--device-hold ballast`` holds the card the other way, as the driver sees it: the child
+takes the larger card's surplus (its total less the asked size) with the driver's
+``cuMemAlloc`` before anything else, outside PyTorch's allocator, so that a mapping fails
+where it would fail on the smaller card and nowhere sooner.  lms_swap's limit under its
+eviction net is the card's free memory plus what the allocator holds, so it reads the
+smaller card as there; without the net it reads the card's total, so this hold is for runs
+with the net.  The pluggable LMS allocator takes the fraction as its LMS limit, so under it
+the child holds by the fraction whatever was asked, and says so in what ``apply`` returns.
+
 Host memory is not capped: the machines with the larger cards have as much or more.
 """
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Optional
+import sys
+from typing import List, Optional
 
-__all__ = ["ENV", "H100_GIB", "add_option", "apply", "gib", "parse", "pass_to_children"]
+__all__ = ["ENV", "H100_GIB", "HOLDS", "HOLD_ENV", "add_option", "apply", "gib", "hold",
+           "parse", "pass_to_children"]
 
 ENV = "LMS_BENCH_DEVICE_GIB"
+HOLD_ENV = "LMS_BENCH_DEVICE_HOLD"
+HOLDS = ("fraction", "ballast")
 # torch.cuda.get_device_properties(0).total_memory on the H100 80GB HBM3 the batches were
 # measured on (85,017,853,952 bytes)
 H100_GIB = 85_017_853_952 / (1 << 30)
@@ -55,12 +68,21 @@ def add_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device-gib", type=parse, default=None, metavar="GIB",
                     help="hold every configuration to a card of this many GiB (on a larger "
                          "card: 'h100' for the 80 GB H100 the base batches were measured on)")
+    ap.add_argument("--device-hold", choices=HOLDS, default="fraction",
+                    help="how --device-gib holds the card: 'fraction' (PyTorch's memory "
+                         "fraction; stricter than the real card near its edge) or 'ballast' "
+                         "(the surplus taken from the driver first, so the card fails where "
+                         "the smaller one would; needs lms_swap's eviction net)")
 
 
-def pass_to_children(size: Optional[float]) -> None:
-    """Puts ``--device-gib`` where this process's children (and its record) read it."""
+def pass_to_children(size: Optional[float], how: str = "fraction") -> None:
+    """Puts ``--device-gib`` and ``--device-hold`` where this process's children (and its
+    record) read them."""
+    if how not in HOLDS:
+        raise ValueError(f"device hold {how!r}: give one of {', '.join(HOLDS)}")
     if size is not None:
         os.environ[ENV] = repr(size)
+        os.environ[HOLD_ENV] = how
 
 
 def gib() -> Optional[float]:
@@ -75,6 +97,45 @@ def gib() -> Optional[float]:
     if size <= 0:
         raise SystemExit(f"{ENV}={v!r}: must be more than 0 GiB")
     return size
+
+
+def hold() -> str:
+    """How this process's parent asked the card to be held (``fraction`` where it did not say)."""
+    v = os.environ.get(HOLD_ENV, "").strip().lower() or "fraction"
+    if v not in HOLDS:
+        raise SystemExit(f"{HOLD_ENV}={v!r}: give one of {', '.join(HOLDS)}")
+    return v
+
+
+# the ballast's device pointers: held for the process's life, never freed
+_BALLAST: List[int] = []
+
+
+def _pluggable_on() -> bool:
+    mod = sys.modules.get("lms_swap.allocator")
+    return bool(mod is not None and mod.enabled())
+
+
+def _take_ballast(torch, nbytes: int) -> int:
+    """Takes ``nbytes`` of the current device from the driver (``cuMemAlloc``, on the primary
+    context PyTorch uses), outside PyTorch's allocator; returns how far the device's free
+    memory fell."""
+    import ctypes
+    free_before, _ = torch.cuda.mem_get_info()  # the runtime makes its context current here
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise SystemExit(f"--device-hold ballast needs the CUDA driver (libcuda.so.1): {e}") from None
+    cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    cuda.cuMemAlloc_v2.restype = ctypes.c_int
+    ptr = ctypes.c_uint64(0)
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+    if rc != 0:
+        raise SystemExit(f"--device-hold ballast: the driver refused {nbytes} bytes "
+                         f"(cuMemAlloc CUresult {rc}); {free_before} bytes were free")
+    _BALLAST.append(ptr.value)
+    free_after, _ = torch.cuda.mem_get_info()
+    return int(free_before) - int(free_after)
 
 
 def _allocator_bytes(torch, size_gib: float) -> int:
@@ -94,6 +155,13 @@ def apply(torch) -> Optional[dict]:
     total = torch.cuda.get_device_properties(0).total_memory
     if size * GiB >= total:
         return None
+    how = hold()
+    if how == "ballast" and not _pluggable_on():
+        taken = _take_ballast(torch, total - int(size * GiB))
+        return {"device_gib": size, "hold": "ballast", "ballast_bytes": taken}
     cap = _allocator_bytes(torch, size)
     torch.cuda.set_per_process_memory_fraction(cap / total)
-    return {"device_gib": size, "allocator_cap_bytes": cap}
+    out = {"device_gib": size, "hold": "fraction", "allocator_cap_bytes": cap}
+    if how == "ballast":
+        out["ballast_refused"] = "the pluggable LMS allocator's limit is the fraction"
+    return out

@@ -199,7 +199,7 @@ def main() -> int:
                          "form: run id from LMS_RUN, date, commit, machine, torch, the data)")
     device_cap.add_option(ap)
     a = ap.parse_args()
-    device_cap.pass_to_children(a.device_gib)  # read back by apply() in this process
+    device_cap.pass_to_children(a.device_gib, a.device_hold)  # read back by apply() in this process
 
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function

@@ -49,6 +49,7 @@ def machine() -> dict:
         pass
     if device_cap.gib() is not None:
         info["device_gib"] = round(device_cap.gib(), 2)
+        info["device_hold"] = device_cap.hold()
     return info
 
 
@@ -61,6 +62,8 @@ def gpu_label(machine: dict) -> str:
         gpu += f", held to {size:.1f} GiB"
         if abs(size - device_cap.H100_GIB) < 0.05:
             gpu += " (an H100's size)"
+        if (machine or {}).get("device_hold") == "ballast":
+            gpu += " by a ballast"
     return gpu
 
 
