@@ -328,7 +328,10 @@ def test_how_a_card_is_held_reaches_the_children_and_the_record(tmp_path, monkey
     for env in (cap.ENV, cap.HOLD_ENV):  # what pass_to_children writes goes at teardown
         monkeypatch.setenv(env, "")
         monkeypatch.delenv(env)
-    cap.pass_to_children(None, "ballast")  # no size asked: nothing held, nothing passed
+    with pytest.raises(SystemExit) as e:  # a hold with no size to hold to
+        cap.pass_to_children(None, "ballast")
+    assert "--device-gib" in str(e.value)
+    cap.pass_to_children(None)  # nothing asked: nothing held, nothing passed
     assert cap.HOLD_ENV not in os.environ and cap.hold() == "fraction"
     cap.pass_to_children(cap.parse("h100"))
     assert os.environ[cap.HOLD_ENV] == "fraction" and records.machine()["device_hold"] == "fraction"

@@ -80,6 +80,8 @@ def pass_to_children(size: Optional[float], how: str = "fraction") -> None:
     record) read them."""
     if how not in HOLDS:
         raise ValueError(f"device hold {how!r}: give one of {', '.join(HOLDS)}")
+    if size is None and how != "fraction":
+        raise SystemExit(f"--device-hold {how} holds nothing without --device-gib")
     if size is not None:
         os.environ[ENV] = repr(size)
         os.environ[HOLD_ENV] = how
