@@ -258,38 +258,70 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   // every free block are unmapped too. A fixed segment that holds an
   // allocated block keeps its pages.
   void release_free_pages() override {
-    release_free_segments();
-    if (expandable_) {
-      pending_.collect(/*wait=*/true);
-      const ExpandableSegments::Spans spans = growth_.free_pages();
-      if (!spans.empty()) {
-        // the blocks' last users may still run: nothing is unmapped under them
-        C10_CUDA_CHECK(cudaDeviceSynchronize());
-        growth_.unmap(spans);
-        released_ += spans.size();
-      }
-    }
+    release_free_at_least(static_cast<size_t>(-1), /*pages=*/true);
   }
   void release_free_segments() override {
+    release_free_at_least(static_cast<size_t>(-1), /*pages=*/false);
+  }
+  // Whole free segments first, then (`pages`, expandable segments) the whole
+  // pages of free blocks, the largest runs first, until at least `at_least`
+  // device bytes go: what stays serves the next allocations without a map.
+  // One device synchronization at most: the blocks' last users may still
+  // run, and nothing is unmapped under them.
+  void release_free_at_least(size_t at_least, bool pages) override {
     pending_.collect(/*wait=*/true);
     std::vector<Segment*> idle;
+    size_t planned = 0;
     for (const auto& s : segments_.all()) {
       const Block* b = s->first;
-      if (!b->allocated && b->events == 0 && !b->next &&
+      if (planned < at_least && !b->allocated && b->events == 0 && !b->next &&
           (b->mapped || !s->expandable)) {
         idle.push_back(s.get());
+        planned += s->device_bytes(0, s->handles.size());
       }
     }
-    if (idle.empty()) {
+    const bool more = pages && expandable_ && planned < at_least;
+    bool synced = false;
+    if (!idle.empty()) {
+      C10_CUDA_CHECK(cudaDeviceSynchronize());
+      synced = true;
+      for (Segment* s : idle) {
+        free_.remove(s->first);
+        segments_.release(s);
+      }
+      released_ += idle.size();
+    }
+    if (!more) {
       return;
     }
-    // the blocks' last users may still run: nothing is unmapped under them
-    C10_CUDA_CHECK(cudaDeviceSynchronize());
-    for (Segment* s : idle) {
-      free_.remove(s->first);
-      segments_.release(s);
+    ExpandableSegments::Spans spans = growth_.free_pages();
+    auto bytes = [](const ExpandableSegments::Spans::value_type& sp) {
+      return sp.first->seg->device_bytes(sp.second.first, sp.second.count);
+    };
+    std::sort(spans.begin(), spans.end(), [&](const auto& a, const auto& b) {
+      return bytes(a) > bytes(b);
+    });
+    size_t keep = 0;
+    while (keep < spans.size() && planned < at_least) {
+      PageSpan& span = spans[keep++].second;
+      const Segment& seg = *spans[keep - 1].first->seg;
+      // of the last run, only the pages at its end that make up the rest
+      size_t first = span.first + span.count;
+      while (first > span.first && planned < at_least) {
+        planned += seg.device_bytes(--first, 1);
+      }
+      span.count -= first - span.first;
+      span.first = first;
     }
-    released_ += idle.size();
+    spans.resize(keep);
+    if (spans.empty()) {
+      return;
+    }
+    if (!synced) {
+      C10_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    growth_.unmap(spans);
+    released_ += spans.size();
   }
   std::string format_size(size_t bytes) const override {
     return format_bytes(bytes);

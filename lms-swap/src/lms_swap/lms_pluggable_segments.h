@@ -81,6 +81,14 @@ struct Segment {
   char* page_ptr(size_t idx) const {
     return reinterpret_cast<char*>(base) + idx * page;
   }
+  // bytes of pages [first, first + count) mapped on the device
+  size_t device_bytes(size_t first, size_t count) const {
+    size_t n = 0;
+    for (size_t i = first; i < first + count; ++i) {
+      n += mapped[i] && !on_host[i];
+    }
+    return n * page;
+  }
   size_t page_index(const void* p) const {
     return static_cast<size_t>(
                static_cast<const char*>(p) -

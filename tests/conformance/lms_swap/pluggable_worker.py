@@ -11,6 +11,7 @@ allocator must be installed before the process allocates anything on the GPU.  P
     python pluggable_worker.py expand
     python pluggable_worker.py host-reserve LIMIT_MIB
     python pluggable_worker.py grow LIMIT_MIB
+    python pluggable_worker.py return-release LIMIT_MIB
 
 Each follows PyTorch's expandable_segments setting in PYTORCH_CUDA_ALLOC_CONF, as the allocator
 does.
@@ -276,6 +277,35 @@ def grow(limit_mib):
     return {"grown": grown, "dropped": dropped, "back": back, "bad": bad, "chunk": CHUNK}
 
 
+def return_release(limit_mib):
+    """Chunks up to the limit with a 2 GiB tensor the newest of them, then one chunk more: the
+    oldest chunk moves to the host.  Freeing the 2 GiB tensor brings it back; of the free
+    cache that return releases what the pages coming back need (at least 1/16 of the limit),
+    and the rest stays cached for the next allocations.  Every tensor keeps its bytes."""
+    alloc = _enable(limit_mib)
+    n = CHUNK // 4
+    big_bytes = 2 << 30
+    kept = [torch.full((n,), i, dtype=torch.int32, device="cuda")
+            for i in range((limit_mib * MiB - big_bytes) // CHUNK)]
+    big = torch.full((big_bytes // 4,), -1, dtype=torch.int32, device="cuda")
+    kept.append(torch.full((n,), len(kept), dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+
+    def state():
+        st = alloc.lms_stats()
+        out = {k: st.get(k) for k in ("swap_out_bytes", "swap_in_bytes", "host_bytes.current",
+                                      "defrag_released_bytes", "returns_held")}
+        out["cached_free_bytes"] = alloc.memory_stats()["cached_free_bytes"]
+        return out
+    before = state()
+    del big
+    torch.cuda.synchronize()
+    after = state()
+    bad = [i for i, t in enumerate(kept) if not bool((t == i).all())]
+    return {"before": before, "after": after, "bad": bad, "big": big_bytes,
+            "limit_bytes": limit_mib * MiB, "page": alloc.lms_stats().get("page_bytes.large")}
+
+
 def main():
     what, args = sys.argv[1], sys.argv[2:]
     if what == "bytes":
@@ -294,6 +324,8 @@ def main():
         r = host_reserve(int(args[0]))
     elif what == "grow":
         r = grow(int(args[0]))
+    elif what == "return-release":
+        r = return_release(int(args[0]))
     elif what == "bad-setting":
         r = bad_setting(args[0])
     else:

@@ -65,6 +65,18 @@ class AllocatorHooks {
   // on), or only segments that are completely free (defrag off).
   virtual void release_free_pages() = 0;
   virtual void release_free_segments() = 0;
+  // Releases as those do (`pages`: as release_free_pages) until at least
+  // `at_least` device bytes are released or nothing free is left, so that the
+  // rest of the cache serves the next allocations without a map. A tag that
+  // cannot stop part way releases it all: this default.
+  virtual void release_free_at_least(size_t at_least, bool pages) {
+    (void)at_least;
+    if (pages) {
+      release_free_pages();
+    } else {
+      release_free_segments();
+    }
+  }
   // Upstream's size formatting, for messages that sit beside upstream's.
   virtual std::string format_size(size_t bytes) const = 0;
 

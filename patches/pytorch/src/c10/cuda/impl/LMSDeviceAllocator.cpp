@@ -18,6 +18,8 @@ namespace c10::cuda::CUDACachingAllocator::lms::impl {
 namespace {
 // upstream's kLargeBuffer: the large pool's page without LMS
 constexpr size_t kUpstreamLargePage = size_t(20) << 20;
+// release_free's argument: all the free cache the tag can release
+constexpr size_t kAllFree = ~size_t(0);
 } // namespace
 
 size_t DeviceLms::host_bytes() const {
@@ -66,20 +68,18 @@ void DeviceLms::follow_host_bytes(size_t cap) {
   }
 }
 
-// Releases free cached memory. With defrag: every free page the tag can
-// release; without: only segments that are completely free. Returns the
-// device bytes released (host pages of free blocks go back to the host pool
-// too, but give the device nothing).
-size_t DeviceLms::release_free() {
+// Releases free cached memory until at least `at_least` device bytes are
+// released (a tag may release all it can). With defrag: free pages; without:
+// only segments that are completely free. What stays cached serves the next
+// allocations without mapping its pages again. Returns the device bytes
+// released (host pages of free blocks go back to the host pool too, but give
+// the device nothing).
+size_t DeviceLms::release_free(size_t at_least) {
   if (hooks_.capturing()) {
     return 0;
   }
   const size_t before = device_bytes();
-  if (defrag_enabled()) {
-    hooks_.release_free_pages();
-  } else {
-    hooks_.release_free_segments();
-  }
+  hooks_.release_free_at_least(at_least, defrag_enabled());
   const size_t after = device_bytes();
   const size_t released = before > after ? before - after : 0;
   if (defrag_enabled()) {
@@ -154,7 +154,9 @@ size_t DeviceLms::return_room(size_t headroom, size_t releasable) {
   return room;
 }
 
-// Room kept free by the returns after frees: 1/16 of what LMS may use.
+// Room kept free by the returns after frees: 1/16 of what LMS may use. Also
+// the least a return releases of the cache, so that one release serves
+// several returns.
 size_t DeviceLms::return_headroom() {
   if (device_total_ == 0) {
     size_t free_b = 0;
@@ -207,7 +209,7 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   bool reclaimed = false;
   if (lim && device_bytes() + want > lim) {
     if (!capturing) {
-      attempt_.released += release_free();
+      attempt_.released += release_free(kAllFree);
       // until under the limit, a few rounds at most
       for (int round = 0; round < 4 && device_bytes() + want > lim; ++round) {
         if (swap_out(device_bytes() + want - lim, cap) == 0) {
@@ -232,7 +234,7 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   if (capturing) {
     return false;
   }
-  size_t rel = release_free();
+  size_t rel = release_free(kAllFree);
   attempt_.released += rel;
   if (rel && hooks_.alloc_block(/*is_retry=*/true)) {
     stat_add(dev, defrag_enabled() ? kAllocDefrag : kAllocNewDevice, 1);
@@ -281,11 +283,20 @@ void DeviceLms::after_free(size_t freed) {
   freed_since_return_ = 0;
   const size_t headroom = return_headroom();
   const size_t worth = std::min<size_t>(on_host, size_t(1) << 30);
-  if (return_room(headroom, hooks_.cached_free_bytes()) < worth) {
+  const size_t cached = hooks_.cached_free_bytes();
+  const size_t reachable = return_room(headroom, cached);
+  if (reachable < worth) {
     stat_add(mover_.device(), kReturnsHeld, 1);
     return;
   }
-  release_free();
+  // Only the cache the pages coming back need is released: the room grows
+  // byte for byte with what is released, up to `reachable`. Releasing all of
+  // it unmapped pages that the next allocations map again (a driver call
+  // each), step after step.
+  const size_t bring = std::min(on_host, reachable);
+  if (bring + cached > reachable) {
+    release_free(std::max(bring + cached - reachable, headroom));
+  }
   swap_in(headroom);
 }
 

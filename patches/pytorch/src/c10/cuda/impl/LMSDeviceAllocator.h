@@ -82,7 +82,7 @@ class DeviceLms {
   size_t device_bytes() const;
   void prefill(size_t want, size_t cap);
   void follow_host_bytes(size_t cap);
-  size_t release_free();
+  size_t release_free(size_t at_least);
   size_t swap_out(size_t need, size_t cap);
   size_t return_room(size_t headroom, size_t releasable);
   size_t return_headroom();
