@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <sstream>
 
 namespace c10::cuda::CUDACachingAllocator::lms::impl {
@@ -183,6 +184,16 @@ size_t DeviceLms::swap_in(size_t headroom) {
   return mover_.swap_in(hooks_, pages, room);
 }
 
+// A request may map more than it asked room for: a release before it can
+// unmap pages of the free run it then grows into. What it maps past the LMS
+// limit goes out again at once (least recently allocated pages; the new
+// block is not among them), so that the limit holds after every request.
+void DeviceLms::keep_under_limit(size_t lim, size_t cap) {
+  if (lim && device_bytes() > lim && !hooks_.capturing()) {
+    swap_out(device_bytes() - lim, cap);
+  }
+}
+
 bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   *refused = false;
   mover_.init(device);
@@ -209,7 +220,9 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   bool reclaimed = false;
   if (lim && device_bytes() + want > lim) {
     if (!capturing) {
-      attempt_.released += release_free(kAllFree);
+      // only the excess: the rest of the cache serves the next allocations
+      attempt_.released +=
+          release_free(std::max(device_bytes() + want - lim, return_headroom()));
       // until under the limit, a few rounds at most
       for (int round = 0; round < 4 && device_bytes() + want > lim; ++round) {
         if (swap_out(device_bytes() + want - lim, cap) == 0) {
@@ -228,17 +241,25 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
     }
   }
   if (hooks_.alloc_block(/*is_retry=*/false)) {
+    keep_under_limit(lim, cap);
     stat_add(dev, reclaimed ? kAllocLmsReclaim : kAllocNewDevice, 1);
     return true;
   }
   if (capturing) {
     return false;
   }
-  size_t rel = release_free(kAllFree);
-  attempt_.released += rel;
-  if (rel && hooks_.alloc_block(/*is_retry=*/true)) {
-    stat_add(dev, defrag_enabled() ? kAllocDefrag : kAllocNewDevice, 1);
-    return true;
+  // the free cache: first what the request needs (with the floor), then all
+  for (const size_t ask : {std::max(want, return_headroom()), kAllFree}) {
+    const size_t rel = release_free(ask);
+    attempt_.released += rel;
+    if (rel == 0) {
+      break;
+    }
+    if (hooks_.alloc_block(/*is_retry=*/true)) {
+      keep_under_limit(lim, cap);
+      stat_add(dev, defrag_enabled() ? kAllocDefrag : kAllocNewDevice, 1);
+      return true;
+    }
   }
   // swap out, a few rounds (a request may need more than its size when the
   // pages freed are not where the new mapping lands)
@@ -248,6 +269,7 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
       break;
     }
     if (hooks_.alloc_block(/*is_retry=*/true)) {
+      keep_under_limit(lim, cap);
       stat_add(dev, kAllocLmsReclaim, 1);
       return true;
     }

@@ -84,6 +84,7 @@ class DeviceLms {
   void follow_host_bytes(size_t cap);
   size_t release_free(size_t at_least);
   size_t swap_out(size_t need, size_t cap);
+  void keep_under_limit(size_t lim, size_t cap);
   size_t return_room(size_t headroom, size_t releasable);
   size_t return_headroom();
   size_t swap_in(size_t headroom);
