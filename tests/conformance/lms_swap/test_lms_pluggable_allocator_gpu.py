@@ -188,10 +188,9 @@ def test_pages_come_back_only_where_they_can_stay():
 def test_a_return_releases_only_the_cache_its_pages_need():
     """Under a 4 GiB limit a 2 GiB tensor is freed while a 256 MiB chunk lies on the host: the
     chunk comes back, and the free cache is released only as far as its pages and the return's
-    floor (1/16 of the limit) need, so at least 1 GiB of the 2 GiB freed stays cached.  Before
-    (1758707) every return released the whole free cache first, with a device synchronization:
-    the allocator alone unmapped 70-100 GB a step of ViT-L and Mistral at 1.5x (run 204) and
-    mapped it again at the next allocations."""
+    floor (1/16 of the limit) need, so at least 1 GiB of the 2 GiB freed stays cached, for the
+    next allocations to use without mapping it again.  Before (1758707) every return released
+    the whole free cache first: here about 2 GiB."""
     GiB = 2**30
     r = _run("return-release", 4 * GiB_MiB, env=SEGMENTS["expandable"])
     before, after = r["before"], r["after"]

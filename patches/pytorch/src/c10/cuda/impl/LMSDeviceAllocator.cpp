@@ -156,8 +156,8 @@ size_t DeviceLms::return_room(size_t headroom, size_t releasable) {
 }
 
 // Room kept free by the returns after frees: 1/16 of what LMS may use. Also
-// the least a return releases of the cache, so that one release serves
-// several returns.
+// the least a release of the cache asks for, so that one release serves
+// several requests and returns rather than one.
 size_t DeviceLms::return_headroom() {
   if (device_total_ == 0) {
     size_t free_b = 0;
