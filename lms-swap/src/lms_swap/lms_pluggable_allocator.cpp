@@ -258,10 +258,10 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   // every free block are unmapped too. A fixed segment that holds an
   // allocated block keeps its pages.
   void release_free_pages() override {
-    release_free_at_least(static_cast<size_t>(-1), /*pages=*/true);
+    release_free_at_least(kReleaseAll, /*pages=*/true);
   }
   void release_free_segments() override {
-    release_free_at_least(static_cast<size_t>(-1), /*pages=*/false);
+    release_free_at_least(kReleaseAll, /*pages=*/false);
   }
   // Whole free segments first, then (`pages`, expandable segments) the whole
   // pages of free blocks, the largest runs first, until at least `at_least`
@@ -294,26 +294,9 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     if (!more) {
       return;
     }
-    ExpandableSegments::Spans spans = growth_.free_pages();
-    auto bytes = [](const ExpandableSegments::Spans::value_type& sp) {
-      return sp.first->seg->device_bytes(sp.second.first, sp.second.count);
-    };
-    std::sort(spans.begin(), spans.end(), [&](const auto& a, const auto& b) {
-      return bytes(a) > bytes(b);
-    });
-    size_t keep = 0;
-    while (keep < spans.size() && planned < at_least) {
-      PageSpan& span = spans[keep++].second;
-      const Segment& seg = *spans[keep - 1].first->seg;
-      // of the last run, only the pages at its end that make up the rest
-      size_t first = span.first + span.count;
-      while (first > span.first && planned < at_least) {
-        planned += seg.device_bytes(--first, 1);
-      }
-      span.count -= first - span.first;
-      span.first = first;
-    }
-    spans.resize(keep);
+    const ExpandableSegments::Spans spans = at_least == kReleaseAll
+        ? growth_.free_pages()
+        : growth_.largest_free_pages(at_least - planned);
     if (spans.empty()) {
       return;
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -141,6 +142,40 @@ ExpandableSegments::Spans ExpandableSegments::free_pages() const {
     }
   }
   return spans;
+}
+
+ExpandableSegments::Spans ExpandableSegments::largest_free_pages(
+    size_t at_least) const {
+  const Spans all = free_pages();
+  // each run's device bytes once (bytes, index in `all`), largest first
+  std::vector<std::pair<size_t, size_t>> order;
+  order.reserve(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto& [block, span] = all[i];
+    order.emplace_back(block->seg->device_bytes(span.first, span.count), i);
+  }
+  std::sort(order.begin(), order.end(), std::greater<>());
+  Spans taken;
+  size_t planned = 0;
+  for (const auto& [run_bytes, i] : order) {
+    if (planned >= at_least) {
+      break;
+    }
+    auto [block, span] = all[i];
+    if (planned + run_bytes > at_least) {
+      const Segment& seg = *block->seg;
+      size_t first = span.first + span.count;
+      while (first > span.first && planned < at_least) {
+        planned += seg.device_bytes(--first, 1);
+      }
+      span.count -= first - span.first;
+      span.first = first;
+    } else {
+      planned += run_bytes;
+    }
+    taken.emplace_back(block, span);
+  }
+  return taken;
 }
 
 namespace {

@@ -42,6 +42,10 @@ class ExpandableSegments {
   // The whole pages of every free block with no event pending, by block.
   using Spans = std::vector<std::pair<Block*, PageSpan>>;
   Spans free_pages() const;
+  // Of those, the largest runs first, as many whole pages as make up at
+  // least `at_least` device bytes (all, where they make up less): of the
+  // last run it takes, only the pages at its end that make up the rest.
+  Spans largest_free_pages(size_t at_least) const;
 
   // Whether free block b (unlisted) of an expandable segment holds whole
   // pages on the host (a fixed segment's block: false).

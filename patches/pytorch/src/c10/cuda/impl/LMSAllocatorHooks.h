@@ -65,6 +65,8 @@ class AllocatorHooks {
   // on), or only segments that are completely free (defrag off).
   virtual void release_free_pages() = 0;
   virtual void release_free_segments() = 0;
+  // release_free_at_least's argument that asks for all the free cache
+  static constexpr size_t kReleaseAll = ~size_t(0);
   // Releases as those do (`pages`: as release_free_pages) until at least
   // `at_least` device bytes are released or nothing free is left, so that the
   // rest of the cache serves the next allocations without a map. A tag that

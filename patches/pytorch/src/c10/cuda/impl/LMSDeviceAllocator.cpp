@@ -19,8 +19,6 @@ namespace c10::cuda::CUDACachingAllocator::lms::impl {
 namespace {
 // upstream's kLargeBuffer: the large pool's page without LMS
 constexpr size_t kUpstreamLargePage = size_t(20) << 20;
-// release_free's argument: all the free cache the tag can release
-constexpr size_t kAllFree = ~size_t(0);
 } // namespace
 
 size_t DeviceLms::host_bytes() const {
@@ -249,7 +247,9 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
     return false;
   }
   // the free cache: first what the request needs (with the floor), then all
-  for (const size_t ask : {std::max(want, return_headroom()), kAllFree}) {
+  const size_t asks[] = {
+      std::max(want, return_headroom()), AllocatorHooks::kReleaseAll};
+  for (const size_t ask : asks) {
     const size_t rel = release_free(ask);
     attempt_.released += rel;
     if (rel == 0) {
