@@ -2,12 +2,14 @@
 // expandable segments: growth into runs of free and unmapped blocks, release
 // of free pages, host pages of freed blocks dropped) over a stand-in for the
 // driver's pages, with no GPU: a few thousand random allocations, frees,
-// moves of a block's pages to the host and releases under a device budget,
+// moves of a block's pages to the host and releases (of all free pages, or
+// part way, largest runs first) under a device budget,
 // checking after each that the blocks still describe the pages. Prints
 // "ok <name>" or "FAIL <name>: <why>" (tests/test_lms_pluggable_allocator.py
 // reads them).
 #include "lms_pluggable_expandable.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -173,6 +175,68 @@ void check_layout(const FakePages& pages, const FreeBlocks& fb) {
   }
 }
 
+size_t device_bytes_of(const ExpandableSegments::Spans& spans) {
+  size_t n = 0;
+  for (const auto& [block, span] : spans) {
+    n += block->seg->device_bytes(span.first, span.count);
+  }
+  return n;
+}
+
+// largest_free_pages(at_least) against free_pages(): each span it takes is
+// the end of one free run; the runs it takes whole hold at least the device
+// bytes of any run it leaves; it takes at least `at_least` device bytes and
+// less than a page more, or, where the free pages hold less, every run.
+// Returns whether it stopped part way (some free bytes left out).
+bool check_largest_free_pages(const ExpandableSegments& growth, size_t at_least) {
+  const ExpandableSegments::Spans all = growth.free_pages();
+  const ExpandableSegments::Spans taken = growth.largest_free_pages(at_least);
+  const size_t free_bytes = device_bytes_of(all);
+  const size_t took = device_bytes_of(taken);
+  size_t smallest_whole = ~size_t(0), largest_left = 0, page = 0;
+  std::vector<const Block*> seen;
+  for (const auto& [block, span] : taken) {
+    page = block->seg->page;
+    const auto run = std::find_if(all.begin(), all.end(), [&](const auto& a) {
+      return a.first == block;
+    });
+    if (run == all.end() || std::find(seen.begin(), seen.end(), block) != seen.end()) {
+      fail("largest_free_pages: a span of no free run, or of one run twice");
+      return false;
+    }
+    seen.push_back(block);
+    const PageSpan& whole = run->second;
+    if (span.count == 0 || span.first < whole.first ||
+        span.first + span.count != whole.first + whole.count) {
+      fail("largest_free_pages: a span that is not the end of its run");
+      return false;
+    }
+    if (span.count == whole.count) {
+      smallest_whole = std::min(
+          smallest_whole, block->seg->device_bytes(span.first, span.count));
+    }
+  }
+  for (const auto& [block, span] : all) {
+    if (std::find(seen.begin(), seen.end(), block) == seen.end()) {
+      largest_left = std::max(largest_left, block->seg->device_bytes(span.first, span.count));
+    }
+  }
+  if (free_bytes < at_least) {
+    if (taken.size() != all.size() || took != free_bytes) {
+      fail("largest_free_pages: not every run where all were too few");
+    }
+    return false;
+  }
+  if (took < at_least || (page && took >= at_least + page)) {
+    fail("largest_free_pages: " + std::to_string(took) + " bytes for " +
+         std::to_string(at_least));
+  }
+  if (smallest_whole != ~size_t(0) && smallest_whole < largest_left) {
+    fail("largest_free_pages: a smaller run taken before a larger one");
+  }
+  return took < free_bytes;
+}
+
 void check(const char* name, bool ok, const std::string& why = "") {
   std::printf("%s %s%s%s\n", ok ? "ok" : "FAIL", name, ok ? "" : ": ", ok ? "" : why.c_str());
   failures += ok ? 0 : 1;
@@ -192,6 +256,7 @@ int main() {
   std::vector<Block*> live;
   int grown = 0, served_free = 0, released = 0, refused = 0, predicted = 0;
   int freed_on_host = 0;
+  int part_way = 0; // releases that left free device pages mapped
   for (int op = 0; op < 4000 && first_error.empty(); ++op) {
     const unsigned r = rng() % 10;
     if (r < 5) {
@@ -256,7 +321,14 @@ int main() {
       for (size_t i = lo / s.page; i < (lo + b->size + s.page - 1) / s.page; ++i) {
         s.on_host[i] = true;
       }
+    } else if (rng() % 2) {
+      // a release part way, as the allocator's LMS asks for room
+      const size_t at_least = (1 + rng() % 96) * MiB;
+      part_way += check_largest_free_pages(growth, at_least) ? 1 : 0;
+      growth.unmap(growth.largest_free_pages(at_least));
+      ++released;
     } else {
+      part_way += check_largest_free_pages(growth, (1 + rng() % 96) * MiB) ? 1 : 0;
       growth.unmap(growth.free_pages());
       ++released;
     }
@@ -267,6 +339,9 @@ int main() {
         grown > 100 && served_free > 100 && released > 100 && refused > 0,
         std::to_string(grown) + " grown, " + std::to_string(served_free) + " from free lists, " +
             std::to_string(released) + " releases, " + std::to_string(refused) + " refused");
+  check("largest_free_pages_takes_the_largest_runs_and_no_page_more",
+        first_error.empty() && part_way > 20,
+        std::to_string(part_way) + " releases part way; " + first_error);
   check("freed_host_pages_go_back_to_the_host",
         freed_on_host > 100 && pages.host_dropped() > 100,
         std::to_string(freed_on_host) + " blocks freed on host pages, " +
