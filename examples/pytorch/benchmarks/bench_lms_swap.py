@@ -193,13 +193,17 @@ def child(args):
 
         def allocator_counters():
             """The pluggable allocator's running page moves and layout after a step: where
-            a step starts to move pages, whether its segments or their mapping grew first."""
+            a step starts to move pages, whether its segments or their mapping grew first,
+            and the running peak of its device pages beside its LMS limit (the step in
+            which the peak first passes the limit is where the limit did not hold)."""
             if not alloc:
                 return {}
             ms = alloc.memory_stats()
             out = alloc_totals(alloc)
             out.update({f"alloc.{k}": ms.get(k) for k in (
-                "device_reserved_bytes", "reserved_bytes", "cached_free_bytes", "segments")})
+                "device_reserved_bytes", "peak_device_reserved_bytes", "reserved_bytes",
+                "cached_free_bytes", "segments")})
+            out["alloc.limit"] = alloc.lms_stats().get("limit")
             return out
 
         def policy_counters():
