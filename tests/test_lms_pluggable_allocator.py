@@ -54,10 +54,10 @@ def test_expandable_segments_keep_blocks_and_pages_in_step(tmp_path):
     """ExpandableSegments over a stand-in for the driver's pages (no GPU): 4,000 random
     allocations, frees, moves of a block's pages to the host and releases under a device
     budget (of every free page, or part way: largest_free_pages takes the largest runs' end
-    pages and no page more than asked), the layout checked after each (blocks cover the segments, unmapped blocks are whole
-    pages with nothing mapped, no page is mapped or unmapped twice or under a live block, the
-    free lists hold the free blocks), a freed block's whole pages on the host go back to the
-    host pool before it is listed, the bytes new_bytes
+    pages and no page more than asked), the layout checked after each (blocks cover the
+    segments, unmapped blocks are whole pages with nothing mapped, no page is mapped or
+    unmapped twice or under a live block, the free lists hold the free blocks), a freed block's
+    whole pages on the host go back to the host pool before it is listed, the bytes new_bytes
     predicts are what grow maps, and at the end nothing stays mapped."""
     includes = _headers_or_skip()
     exe = tmp_path / "driver"

@@ -187,10 +187,13 @@ size_t device_bytes_of(const ExpandableSegments::Spans& spans) {
 // the end of one free run; the runs it takes whole hold at least the device
 // bytes of any run it leaves; it takes at least `at_least` device bytes and
 // less than a page more, or, where the free pages hold less, every run.
-// Returns whether it stopped part way (some free bytes left out).
-bool check_largest_free_pages(const ExpandableSegments& growth, size_t at_least) {
+// Returns the spans it took; `part_way`: whether they left free device bytes
+// out.
+ExpandableSegments::Spans check_largest_free_pages(
+    const ExpandableSegments& growth, size_t at_least, bool& part_way) {
+  part_way = false;
   const ExpandableSegments::Spans all = growth.free_pages();
-  const ExpandableSegments::Spans taken = growth.largest_free_pages(at_least);
+  ExpandableSegments::Spans taken = growth.largest_free_pages(at_least);
   const size_t free_bytes = device_bytes_of(all);
   const size_t took = device_bytes_of(taken);
   size_t smallest_whole = ~size_t(0), largest_left = 0, page = 0;
@@ -202,14 +205,14 @@ bool check_largest_free_pages(const ExpandableSegments& growth, size_t at_least)
     });
     if (run == all.end() || std::find(seen.begin(), seen.end(), block) != seen.end()) {
       fail("largest_free_pages: a span of no free run, or of one run twice");
-      return false;
+      return taken;
     }
     seen.push_back(block);
     const PageSpan& whole = run->second;
     if (span.count == 0 || span.first < whole.first ||
         span.first + span.count != whole.first + whole.count) {
       fail("largest_free_pages: a span that is not the end of its run");
-      return false;
+      return taken;
     }
     if (span.count == whole.count) {
       smallest_whole = std::min(
@@ -225,7 +228,7 @@ bool check_largest_free_pages(const ExpandableSegments& growth, size_t at_least)
     if (taken.size() != all.size() || took != free_bytes) {
       fail("largest_free_pages: not every run where all were too few");
     }
-    return false;
+    return taken;
   }
   if (took < at_least || (page && took >= at_least + page)) {
     fail("largest_free_pages: " + std::to_string(took) + " bytes for " +
@@ -234,7 +237,8 @@ bool check_largest_free_pages(const ExpandableSegments& growth, size_t at_least)
   if (smallest_whole != ~size_t(0) && smallest_whole < largest_left) {
     fail("largest_free_pages: a smaller run taken before a larger one");
   }
-  return took < free_bytes;
+  part_way = took < free_bytes;
+  return taken;
 }
 
 void check(const char* name, bool ok, const std::string& why = "") {
@@ -256,7 +260,7 @@ int main() {
   std::vector<Block*> live;
   int grown = 0, served_free = 0, released = 0, refused = 0, predicted = 0;
   int freed_on_host = 0;
-  int part_way = 0; // releases that left free device pages mapped
+  int part_way = 0; // part-way picks that left free device pages out
   for (int op = 0; op < 4000 && first_error.empty(); ++op) {
     const unsigned r = rng() % 10;
     if (r < 5) {
@@ -321,15 +325,15 @@ int main() {
       for (size_t i = lo / s.page; i < (lo + b->size + s.page - 1) / s.page; ++i) {
         s.on_host[i] = true;
       }
-    } else if (rng() % 2) {
-      // a release part way, as the allocator's LMS asks for room
-      const size_t at_least = (1 + rng() % 96) * MiB;
-      part_way += check_largest_free_pages(growth, at_least) ? 1 : 0;
-      growth.unmap(growth.largest_free_pages(at_least));
-      ++released;
     } else {
-      part_way += check_largest_free_pages(growth, (1 + rng() % 96) * MiB) ? 1 : 0;
-      growth.unmap(growth.free_pages());
+      // a release part way, as the allocator's LMS asks for room, or of all
+      // (every other time; the part-way pick is checked then too, unused)
+      const bool all = rng() % 2 == 0;
+      bool left_some = false;
+      const ExpandableSegments::Spans some =
+          check_largest_free_pages(growth, (1 + rng() % 96) * MiB, left_some);
+      part_way += left_some ? 1 : 0;
+      growth.unmap(all ? growth.free_pages() : some);
       ++released;
     }
     check_layout(pages, fb);
@@ -341,7 +345,7 @@ int main() {
             std::to_string(released) + " releases, " + std::to_string(refused) + " refused");
   check("largest_free_pages_takes_the_largest_runs_and_no_page_more",
         first_error.empty() && part_way > 20,
-        std::to_string(part_way) + " releases part way; " + first_error);
+        std::to_string(part_way) + " part-way picks; " + first_error);
   check("freed_host_pages_go_back_to_the_host",
         freed_on_host > 100 && pages.host_dropped() > 100,
         std::to_string(freed_on_host) + " blocks freed on host pages, " +
