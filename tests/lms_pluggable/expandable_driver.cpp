@@ -183,17 +183,18 @@ size_t device_bytes_of(const ExpandableSegments::Spans& spans) {
   return n;
 }
 
-// largest_free_pages(at_least) against free_pages(): each span it takes is
+// largest_free_pages(at_least, keep) against free_pages(keep): each span it takes is
 // the end of one free run; the runs it takes whole hold at least the device
 // bytes of any run it leaves; it takes at least `at_least` device bytes and
 // less than a page more, or, where the free pages hold less, every run.
 // Returns the spans it took; `part_way`: whether they left free device bytes
 // out.
 ExpandableSegments::Spans check_largest_free_pages(
-    const ExpandableSegments& growth, size_t at_least, bool& part_way) {
+    const ExpandableSegments& growth, size_t at_least,
+    const ExpandableSegments::Kept& keep, bool& part_way) {
   part_way = false;
-  const ExpandableSegments::Spans all = growth.free_pages();
-  ExpandableSegments::Spans taken = growth.largest_free_pages(at_least);
+  const ExpandableSegments::Spans all = growth.free_pages(keep);
+  ExpandableSegments::Spans taken = growth.largest_free_pages(at_least, keep);
   const size_t free_bytes = device_bytes_of(all);
   const size_t took = device_bytes_of(taken);
   size_t smallest_whole = ~size_t(0), largest_left = 0, page = 0;
@@ -261,6 +262,7 @@ int main() {
   int grown = 0, served_free = 0, released = 0, refused = 0, predicted = 0;
   int freed_on_host = 0;
   int part_way = 0; // part-way picks that left free device pages out
+  int kept_runs = 0; // releases that left a request's free run mapped
   for (int op = 0; op < 4000 && first_error.empty(); ++op) {
     const unsigned r = rng() % 10;
     if (r < 5) {
@@ -273,7 +275,7 @@ int main() {
         const size_t before = pages.mapped();
         b = growth.grow(size, s1, page, device);
         if (!b) {  // as the allocator's LMS does: release free pages, once more
-          growth.unmap(growth.free_pages());
+          growth.unmap(growth.free_pages(growth.growth_run(size, s1)));
           ++released;
           const size_t again = growth.new_bytes(size, s1, page);
           const size_t at = pages.mapped();
@@ -326,15 +328,32 @@ int main() {
         s.on_host[i] = true;
       }
     } else {
-      // a release part way, as the allocator's LMS asks for room, or of all
-      // (every other time; the part-way pick is checked then too, unused)
+      // a release part way, as the allocator's LMS asks for room for a
+      // request, or of all (every other time; the part-way pick is checked
+      // then too, unused): it leaves the run the request grows into, so the
+      // request maps after it what it would have mapped before
+      const size_t size = sizes[rng() % (sizeof(sizes) / sizeof(sizes[0]))];
+      const ExpandableSegments::Kept keep = growth.growth_run(size, s1);
+      const size_t want = growth.new_bytes(size, s1, page);
       const bool all = rng() % 2 == 0;
       bool left_some = false;
-      const ExpandableSegments::Spans some =
-          check_largest_free_pages(growth, (1 + rng() % 96) * MiB, left_some);
+      const ExpandableSegments::Spans some = check_largest_free_pages(
+          growth, (1 + rng() % 96) * MiB, keep, left_some);
+      for (const auto& [block, span] : all ? growth.free_pages(keep) : some) {
+        if (std::find(keep.begin(), keep.end(), block) != keep.end()) {
+          fail("a release took a page of the run its request grows into");
+        }
+      }
       part_way += left_some ? 1 : 0;
-      growth.unmap(all ? growth.free_pages() : some);
+      growth.unmap(all ? growth.free_pages(keep) : some);
       ++released;
+      if (!keep.empty()) {
+        ++kept_runs;
+        if (growth.new_bytes(size, s1, page) != want) {
+          fail("a release for a request changed what it maps: " + std::to_string(want) +
+               " bytes before, " + std::to_string(growth.new_bytes(size, s1, page)) + " after");
+        }
+      }
     }
     check_layout(pages, fb);
   }
@@ -350,6 +369,9 @@ int main() {
         freed_on_host > 100 && pages.host_dropped() > 100,
         std::to_string(freed_on_host) + " blocks freed on host pages, " +
             std::to_string(pages.host_dropped()) + " host pages unmapped");
+  check("a_release_leaves_the_run_its_request_grows_into",
+        first_error.empty() && kept_runs > 20,
+        std::to_string(kept_runs) + " releases left a run; " + first_error);
   check("new_bytes_is_what_grow_maps", predicted == grown,
         std::to_string(predicted) + " of " + std::to_string(grown));
   check("one_segment_serves_the_stream", pages.reserved() == 1,

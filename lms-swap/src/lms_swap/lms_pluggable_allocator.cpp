@@ -266,16 +266,22 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   // Whole free segments first, then (`pages`, expandable segments) the whole
   // pages of free blocks, the largest runs first, until at least `at_least`
   // device bytes go: what stays serves the next allocations without a map.
-  // One device synchronization at most: the blocks' last users may still
-  // run, and nothing is unmapped under them.
+  // A release made for a request leaves the free run it grows into, so that
+  // it maps no more than the core's search gave it room for under the LMS
+  // limit. One device synchronization at most: the blocks' last users may
+  // still run, and nothing is unmapped under them.
   void release_free_at_least(size_t at_least, bool pages) override {
     pending_.collect(/*wait=*/true);
+    const ExpandableSegments::Kept keep = req_ && expandable_ && !req_->small
+        ? growth_.growth_run(req_->size, req_->stream)
+        : ExpandableSegments::Kept{};
     std::vector<Segment*> idle;
     size_t planned = 0;
     for (const auto& s : segments_.all()) {
       const Block* b = s->first;
       if (planned < at_least && !b->allocated && b->events == 0 && !b->next &&
-          (b->mapped || !s->expandable)) {
+          (b->mapped || !s->expandable) &&
+          std::find(keep.begin(), keep.end(), b) == keep.end()) {
         idle.push_back(s.get());
         planned += s->device_bytes(0, s->handles.size());
       }
@@ -295,8 +301,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
       return;
     }
     const ExpandableSegments::Spans spans = at_least == kReleaseAll
-        ? growth_.free_pages()
-        : growth_.largest_free_pages(at_least - planned);
+        ? growth_.free_pages(keep)
+        : growth_.largest_free_pages(at_least - planned, keep);
     if (spans.empty()) {
       return;
     }

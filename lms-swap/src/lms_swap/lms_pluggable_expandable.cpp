@@ -126,14 +126,30 @@ Block* ExpandableSegments::grow(
   return run;
 }
 
-ExpandableSegments::Spans ExpandableSegments::free_pages() const {
+ExpandableSegments::Kept ExpandableSegments::growth_run(
+    size_t size,
+    cudaStream_t stream) const {
+  Kept run;
+  const Growth g = best_growth(size, stream);
+  size_t covered = 0;
+  for (const Block* b = g.start; b && covered < size; b = b->next) {
+    if (b->mapped) {
+      run.push_back(b);
+    }
+    covered += b->size;
+  }
+  return run;
+}
+
+ExpandableSegments::Spans ExpandableSegments::free_pages(const Kept& keep) const {
   Spans spans;
   for (const auto& s : segments_.all()) {
     if (!s->expandable) {
       continue;
     }
     for (Block* b = s->first; b; b = b->next) {
-      if (b->mapped && !b->allocated && b->events == 0) {
+      if (b->mapped && !b->allocated && b->events == 0 &&
+          std::find(keep.begin(), keep.end(), b) == keep.end()) {
         const PageSpan span = whole_pages(*s, *b);
         if (span.count) {
           spans.emplace_back(b, span);
@@ -145,8 +161,9 @@ ExpandableSegments::Spans ExpandableSegments::free_pages() const {
 }
 
 ExpandableSegments::Spans ExpandableSegments::largest_free_pages(
-    size_t at_least) const {
-  const Spans all = free_pages();
+    size_t at_least,
+    const Kept& keep) const {
+  const Spans all = free_pages(keep);
   // each run's device bytes once (bytes, index in `all`), largest first
   std::vector<std::pair<size_t, size_t>> order;
   order.reserve(all.size());

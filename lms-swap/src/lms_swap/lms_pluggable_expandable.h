@@ -39,13 +39,21 @@ class ExpandableSegments {
   // where no segment of the stream holds the request.
   Block* grow(size_t size, cudaStream_t stream, size_t page, size_t device_total);
 
-  // The whole pages of every free block with no event pending, by block.
+  // The free mapped blocks that serving `size` bytes on `stream` grows over
+  // now (the run that maps least). A release made for that request leaves
+  // them: unmapping them would only make the request map them again, past
+  // the new_bytes() it was given room for.
+  using Kept = std::vector<const Block*>;
+  Kept growth_run(size_t size, cudaStream_t stream) const;
+
+  // The whole pages of every free block with no event pending, by block,
+  // but those of the blocks in `keep`.
   using Spans = std::vector<std::pair<Block*, PageSpan>>;
-  Spans free_pages() const;
+  Spans free_pages(const Kept& keep = {}) const;
   // Of those, the largest runs first, as many whole pages as make up at
   // least `at_least` device bytes (all, where they make up less): of the
   // last run it takes, only the pages at its end that make up the rest.
-  Spans largest_free_pages(size_t at_least) const;
+  Spans largest_free_pages(size_t at_least, const Kept& keep = {}) const;
 
   // Whether free block b (unlisted) of an expandable segment holds whole
   // pages on the host (a fixed segment's block: false).

@@ -12,6 +12,7 @@ allocator must be installed before the process allocates anything on the GPU.  P
     python pluggable_worker.py host-reserve LIMIT_MIB
     python pluggable_worker.py grow LIMIT_MIB
     python pluggable_worker.py return-release LIMIT_MIB
+    python pluggable_worker.py limit-peak LIMIT_MIB
 
 Each follows PyTorch's expandable_segments setting in PYTORCH_CUDA_ALLOC_CONF, as the allocator
 does.
@@ -306,6 +307,29 @@ def return_release(limit_mib):
             "limit_bytes": limit_mib * MiB, "page": alloc.lms_stats().get("page_bytes.large")}
 
 
+def limit_peak(limit_mib):
+    """Tensors of 1/4, 1/4, 1/4 and 1/5 of the limit, the last freed: a free run at the end of
+    the range.  A tensor of 2/5 of the limit grows into that run and past it, and what it maps
+    passes the limit: its pages must come from the oldest tensor's, moved first, and the run it
+    grows into must stay mapped (a release that unmapped it would have the request map those
+    pages again, past the room it was given).  The device's pages never pass the limit, and
+    every tensor keeps its bytes."""
+    alloc = _enable(limit_mib)
+    quarter = limit_mib * MiB // 4 // 4  # int32 elements
+    kept = [torch.full((quarter,), i, dtype=torch.int32, device="cuda") for i in range(3)]
+    tail = torch.empty(limit_mib * MiB // 5, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    del tail
+    before = dict(alloc.lms_stats())
+    grown = torch.full((limit_mib * MiB * 2 // 5 // 4,), 3, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    kept.append(grown)
+    after = dict(alloc.lms_stats())
+    bad = [i for i, t in enumerate(kept) if not bool((t == i).all())]
+    return {"before": before, "after": after, "memory": alloc.memory_stats(), "bad": bad,
+            "limit": after.get("limit")}
+
+
 def main():
     what, args = sys.argv[1], sys.argv[2:]
     if what == "bytes":
@@ -326,6 +350,8 @@ def main():
         r = grow(int(args[0]))
     elif what == "return-release":
         r = return_release(int(args[0]))
+    elif what == "limit-peak":
+        r = limit_peak(int(args[0]))
     elif what == "bad-setting":
         r = bad_setting(args[0])
     else:
