@@ -18,10 +18,11 @@ ALLOC_TOTALS = (
     "launch_gate.closes", "launch_gate.close_wait_ns", "launch_gate.calls_held")
 
 
-def alloc_totals(alloc) -> dict:
+def alloc_totals(alloc, lms_stats=None) -> dict:
     """:data:`ALLOC_TOTALS` as they stand, as ``alloc.<name>`` (0 where the build has no
-    such counter); ``alloc`` is the installed ``lms_swap.allocator``."""
-    st = alloc.lms_stats()
+    such counter); ``alloc`` is the installed ``lms_swap.allocator``, ``lms_stats`` its
+    ``lms_stats()`` where the caller read them already (one reading serves both)."""
+    st = alloc.lms_stats() if lms_stats is None else lms_stats
     return {f"alloc.{k}": int(st.get(k) or 0) for k in ALLOC_TOTALS}
 
 

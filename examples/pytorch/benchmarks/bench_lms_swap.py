@@ -198,12 +198,12 @@ def child(args):
             which the peak first passes the limit is where the limit did not hold)."""
             if not alloc:
                 return {}
-            ms = alloc.memory_stats()
-            out = alloc_totals(alloc)
+            ms, st = alloc.memory_stats(), alloc.lms_stats()
+            out = alloc_totals(alloc, st)
             out.update({f"alloc.{k}": ms.get(k) for k in (
                 "device_reserved_bytes", "peak_device_reserved_bytes", "reserved_bytes",
                 "cached_free_bytes", "segments")})
-            out["alloc.limit"] = alloc.lms_stats().get("limit")
+            out["alloc.limit"] = st.get("limit")
             return out
 
         def policy_counters():
