@@ -339,19 +339,21 @@ int main() {
       bool left_some = false;
       const ExpandableSegments::Spans some = check_largest_free_pages(
           growth, (1 + rng() % 96) * MiB, keep, left_some);
-      for (const auto& [block, span] : all ? growth.free_pages(keep) : some) {
-        if (std::find(keep.begin(), keep.end(), block) != keep.end()) {
+      const ExpandableSegments::Spans taken = all ? growth.free_pages(keep) : some;
+      for (const auto& [block, span] : taken) {
+        if (ExpandableSegments::kept(keep, block)) {
           fail("a release took a page of the run its request grows into");
         }
       }
       part_way += left_some ? 1 : 0;
-      growth.unmap(all ? growth.free_pages(keep) : some);
+      growth.unmap(taken);
       ++released;
       if (!keep.empty()) {
         ++kept_runs;
-        if (growth.new_bytes(size, s1, page) != want) {
+        const size_t after = growth.new_bytes(size, s1, page);
+        if (after != want) {
           fail("a release for a request changed what it maps: " + std::to_string(want) +
-               " bytes before, " + std::to_string(growth.new_bytes(size, s1, page)) + " after");
+               " bytes before, " + std::to_string(after) + " after");
         }
       }
     }

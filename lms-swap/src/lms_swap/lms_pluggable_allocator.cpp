@@ -280,8 +280,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     for (const auto& s : segments_.all()) {
       const Block* b = s->first;
       if (planned < at_least && !b->allocated && b->events == 0 && !b->next &&
-          (b->mapped || !s->expandable) &&
-          std::find(keep.begin(), keep.end(), b) == keep.end()) {
+          (b->mapped || !s->expandable) && !ExpandableSegments::kept(keep, b)) {
         idle.push_back(s.get());
         planned += s->device_bytes(0, s->handles.size());
       }

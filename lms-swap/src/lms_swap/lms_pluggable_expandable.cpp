@@ -148,8 +148,7 @@ ExpandableSegments::Spans ExpandableSegments::free_pages(const Kept& keep) const
       continue;
     }
     for (Block* b = s->first; b; b = b->next) {
-      if (b->mapped && !b->allocated && b->events == 0 &&
-          std::find(keep.begin(), keep.end(), b) == keep.end()) {
+      if (b->mapped && !b->allocated && b->events == 0 && !kept(keep, b)) {
         const PageSpan span = whole_pages(*s, *b);
         if (span.count) {
           spans.emplace_back(b, span);

@@ -11,6 +11,7 @@
 #include "lms_pluggable_free_blocks.h"
 #include "lms_pluggable_segments.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -45,6 +46,9 @@ class ExpandableSegments {
   // the new_bytes() it was given room for.
   using Kept = std::vector<const Block*>;
   Kept growth_run(size_t size, cudaStream_t stream) const;
+  static bool kept(const Kept& keep, const Block* b) {
+    return std::find(keep.begin(), keep.end(), b) != keep.end();
+  }
 
   // The whole pages of every free block with no event pending, by block,
   // but those of the blocks in `keep`.
