@@ -70,7 +70,11 @@ class AllocatorHooks {
   // Releases as those do (`pages`: as release_free_pages) until at least
   // `at_least` device bytes are released or nothing free is left, so that the
   // rest of the cache serves the next allocations without a map. A tag that
-  // cannot stop part way releases it all: this default.
+  // cannot stop part way releases it all: this default. Made while a request
+  // is served, a release must not raise what alloc_block then maps above the
+  // `want` malloc was given (the LMS limit is reckoned with it): a tag whose
+  // `want` is the whole request keeps this whatever it unmaps; one whose
+  // `want` counts free mapped blocks the request grows over leaves those.
   virtual void release_free_at_least(size_t at_least, bool pages) {
     (void)at_least;
     if (pages) {

@@ -182,9 +182,10 @@ size_t DeviceLms::swap_in(size_t headroom) {
   return mover_.swap_in(hooks_, pages, room);
 }
 
-// A request may map more than it asked room for: a release before it can
-// unmap pages of the free run it then grows into. What it maps past the LMS
-// limit goes out again at once (least recently allocated pages; the new
+// The net under release_free_at_least's promise (LMSAllocatorHooks.h): a
+// request that maps more than it asked room for, as one did when a release
+// unmapped pages of the free run it then grew into, has what it maps past the
+// LMS limit go out again at once (least recently allocated pages; the new
 // block is not among them), so that the limit holds after every request.
 void DeviceLms::keep_under_limit(size_t lim, size_t cap) {
   if (lim && device_bytes() > lim && !hooks_.capturing()) {
