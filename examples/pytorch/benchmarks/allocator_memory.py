@@ -7,13 +7,14 @@ from __future__ import annotations
 
 # The pluggable allocator's LMS counters that only grow (``lms_swap.allocator.lms_stats``):
 # its page moves, their own time and the device syncs in it, what its cache released,
-# host pages made while a request waited, and the launch gate's holds.  Where a step's
-# time went under this allocator is in them.
+# host pages made while a request waited, the core's spills past the LMS limit after the fact
+# (none expected), and the launch gate's holds.  Where a step's time went under this
+# allocator is in them.
 ALLOC_TOTALS = (
     "swap_out_bytes", "swap_out_count", "swap_in_bytes", "swap_in_count", "num_ooms",
     "reclaim_events", "alloc_served.lms_reclaim", "alloc_served.defrag",
     "swap_out_time_ns", "swap_in_time_ns", "swap_out_quiesce_ns", "swap_out_copy_wait_ns",
-    "host_pages_dropped_on_free", "defrag_released_bytes", "returns_held",
+    "host_pages_dropped_on_free", "defrag_released_bytes", "returns_held", "limit_spills",
     "host_pool.made_on_demand_bytes",
     "launch_gate.closes", "launch_gate.close_wait_ns", "launch_gate.calls_held")
 

@@ -153,6 +153,8 @@ enum Stat : int {
   kSwapOutQuiesceNs, // of kSwapOutNs: closing the gate, device synchronize
   kSwapOutCopyWaitNs, // of kSwapOutNs: waiting for copies (the rest: remaps)
   kReturnsHeld, // returns after frees held back: too little room to keep them
+  kLimitSpills, // requests that mapped past the LMS limit and spilled after the fact
+  kLimitSpillBytes, // bytes those spills moved out
   kNumStats
 };
 C10_CUDA_API const char* stat_name(int s);

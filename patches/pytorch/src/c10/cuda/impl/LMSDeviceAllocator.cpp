@@ -187,9 +187,13 @@ size_t DeviceLms::swap_in(size_t headroom) {
 // unmapped pages of the free run it then grew into, has what it maps past the
 // LMS limit go out again at once (least recently allocated pages; the new
 // block is not among them), so that the limit holds after every request.
+// Counted (limit_spills), since no hooks should need it: each one is a
+// synchronous spill that the release before the request should have made.
 void DeviceLms::keep_under_limit(size_t lim, size_t cap) {
   if (lim && device_bytes() > lim && !hooks_.capturing()) {
-    swap_out(device_bytes() - lim, cap);
+    const size_t moved = swap_out(device_bytes() - lim, cap);
+    stat_add(mover_.device(), kLimitSpills, 1);
+    stat_add(mover_.device(), kLimitSpillBytes, static_cast<int64_t>(moved));
   }
 }
 

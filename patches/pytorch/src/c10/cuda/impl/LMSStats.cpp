@@ -46,6 +46,8 @@ const char* kStatNames[kNumStats] = {
     "swap_out_quiesce_ns",
     "swap_out_copy_wait_ns",
     "returns_held",
+    "limit_spills",
+    "limit_spill_bytes",
 };
 
 } // namespace
