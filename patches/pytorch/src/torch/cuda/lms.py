@@ -249,6 +249,8 @@ def lms_stats(device=None) -> Dict[str, int]:
     host budget (limit, used incl. pooled handles and activation swapping, peak);
     reclaim_events; alloc_served.{free_list,new_device_memory,defrag,lms_reclaim}: where
     allocations made with LMS on were served from; swap_out_time_ns / swap_in_time_ns;
+    limit_spills / limit_spill_bytes: requests that mapped past the LMS limit, and the bytes
+    moved out after the fact to get back under it (0 expected: each is a synchronous spill);
     launch_gate.*: active (1: other threads' launches and copies wait while live pages move),
     inactive_reason (1 no CUPTI library, 2 another CUPTI client such as a profiler, 3 CUPTI
     refused, 4 ``lms_launch_gate:False``), closes, close_wait_ns, calls_held.
