@@ -27,7 +27,7 @@ using impl::kMaxDevices;
 
 namespace {
 
-const char* kStatNames[kNumStats] = {
+const char* const kStatNames[] = {
     "swap_out_bytes",
     "swap_out_count",
     "swap_in_bytes",
@@ -49,6 +49,10 @@ const char* kStatNames[kNumStats] = {
     "limit_spills",
     "limit_spill_bytes",
 };
+// a Stat added without its name would print a null name
+static_assert(
+    sizeof(kStatNames) / sizeof(kStatNames[0]) == kNumStats,
+    "kStatNames needs one name per Stat");
 
 } // namespace
 
