@@ -208,9 +208,8 @@ def test_a_request_that_grows_past_the_limit_never_maps_past_it():
     past it.  The allocator's device pages stay under the limit throughout (its peak), pages of
     the oldest tensor moved to make room before the request mapped (the core's net, which spills
     what a request maps past the limit after the fact, never fired), and every tensor keeps its
-    bytes.  Before (d64abb2)
-    the release made for the request unmapped 600 MiB of the run it then grew into, it mapped
-    them again past the limit, and the peak was 4600 MiB."""
+    bytes.  Before (d64abb2) the release made for the request unmapped 600 MiB of the run it then
+    grew into, it mapped them again past the limit, and the peak was 4600 MiB."""
     r = _run("limit-peak", 4000, env=SEGMENTS["expandable"])
     assert r["bad"] == [] and r["limit"] == 4000 * 2**20, r
     assert r["after"]["swap_out_bytes"] >= 600 * 2**20, r
