@@ -33,7 +33,33 @@ def test_the_zoo_budget_bounds_the_whole_run(tmp_path):
     (rec,) = [__import__("json").loads(x) for x in record.read_text().splitlines()]
     first, second = rec["results"]
     assert first["status"].startswith("timeout"), first
-    assert second["status"] == "not run (time budget)", second
+    assert second["status"].startswith("not run (time budget"), second
+
+
+def test_the_zoo_starts_no_configuration_the_budget_cannot_cover(tmp_path):
+    """A configuration is not started when less of the budget is left than the longest one
+    this run has finished took: it would be cut and record nothing (one started with 25 s
+    left, needing about 170 s, spent a device call's last 25 s)."""
+    child = tmp_path / "child.py"
+    child.write_text("import json, time\ntime.sleep(25)\n"
+                     "print('RESULT ' + json.dumps({'status': 'ok', 'units_per_s': 1.0, "
+                     "'unit': 'img/s', 'step_s': 1.0, 'timed_steps': 1, 'timed_alloc_retries': 0, "
+                     "'peak_alloc': 1 << 30, 'peak_reserved': 1 << 30}), flush=True)\n")
+    parent, record, _ = zoo_parent(
+        tmp_path, child, "--models", "resnet50", "unet", "--base-batch", "resnet50=4",
+        "--base-batch", "unet=4", "--modes", "stock", "--scales", "1.0", "--timeout", "600",
+        "--budget", "48")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
+    took = time.time() - t0
+    assert p.returncode == 0, p.stderr
+    (rec,) = [json.loads(x) for x in record.read_text().splitlines()]
+    first, second = rec["results"]
+    assert first["status"] == "ok", first
+    # more than the old 20 s floor was left, less than the first one took
+    assert second["status"].startswith("not run (time budget: 2"), second
+    assert "the longest configuration so far took 25 s" in second["status"], second
+    assert took < 25 + 15, took  # the second child was never started
 
 
 def test_the_zoo_runs_swapping_modes_only_at_their_scales(tmp_path):

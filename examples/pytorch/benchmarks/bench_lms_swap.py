@@ -488,6 +488,7 @@ def main():
         log.write(f"net: {net}\n")
     recorded = []
     running = []  # the row of the configuration whose child runs now
+    longest = 0.0  # wall seconds of the longest configuration finished in this run
 
     def finish(row, res, stock_rate):
         """A configuration's row, complete with what its child reported."""
@@ -528,8 +529,12 @@ def main():
                     row = {"model": model, "scale": scale, "batch": batch, "mode": mode}
                     if mode in dead:
                         row.update(status=f"skipped ({dead[mode]} at a smaller batch)")
-                    elif args.budget - elapsed < 20:
-                        row.update(status="not run (time budget)")
+                    elif args.budget - elapsed < max(20.0, longest):
+                        # one that cannot finish would spend the budget and record nothing;
+                        # this run's longest configuration so far is the estimate
+                        row.update(status=f"not run (time budget: {args.budget - elapsed:.0f} s "
+                                          f"left, the longest configuration so far took "
+                                          f"{longest:.0f} s)")
                     else:
                         argv = ["--model", model, "--mode", mode, "--batch", str(batch),
                                 "--warmup", str(args.warmup), "--steps", str(args.steps),
@@ -557,6 +562,8 @@ def main():
                         row.update({k: v for k, v in r.items() if k not in row})
                         if row["status"] != "ok":
                             dead[mode] = row["status"]
+                        else:
+                            longest = max(longest, r.get("wall_s", 0.0))
                     if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
                         stock_rate = row["units_per_s"]
                     finish(row, {}, stock_rate)
