@@ -17,21 +17,27 @@ from bench_fixtures import BENCH, import_bench, stepping_child, zoo_parent
 pytest.importorskip("torch")  # bench_lms_swap imports the zoo, which imports torch
 
 
-def test_the_zoo_budget_bounds_the_whole_run(tmp_path):
-    """``--budget`` is the whole run's: the last configuration gets what is left of it, not
-    a minute past it (an H100 run given 495 s ran on past 505 s, into the outer timeout)."""
-    child = stepping_child(tmp_path)  # never ends by itself: only the timeout ends it
-    parent, record, _ = zoo_parent(
-        tmp_path, child, "--models", "resnet50", "unet", "--base-batch", "resnet50=4",
-        "--base-batch", "unet=4", "--modes", "lms", "--scales", "1.5", "--timeout", "600",
-        "--budget", "25")
+def _zoo_rows(tmp_path, child, *args):
+    """The zoo bench run with ``args``, every configuration's child being ``child``: the rows
+    of its one record, and the seconds it took."""
+    parent, record, _ = zoo_parent(tmp_path, child, *args)
     t0 = time.time()
     p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
     took = time.time() - t0
     assert p.returncode == 0, p.stderr
+    (rec,) = [json.loads(x) for x in record.read_text().splitlines()]
+    return rec["results"], took
+
+
+def test_the_zoo_budget_bounds_the_whole_run(tmp_path):
+    """``--budget`` is the whole run's: the last configuration gets what is left of it, not
+    a minute past it (an H100 run given 495 s ran on past 505 s, into the outer timeout)."""
+    child = stepping_child(tmp_path)  # never ends by itself: only the timeout ends it
+    (first, second), took = _zoo_rows(
+        tmp_path, child, "--models", "resnet50", "unet", "--base-batch", "resnet50=4",
+        "--base-batch", "unet=4", "--modes", "lms", "--scales", "1.5", "--timeout", "600",
+        "--budget", "25")
     assert took < 25 + 15, took  # the budget, and the interpreter's start and the record
-    (rec,) = [__import__("json").loads(x) for x in record.read_text().splitlines()]
-    first, second = rec["results"]
     assert first["status"].startswith("timeout"), first
     assert second["status"].startswith("not run (time budget"), second
 
@@ -45,16 +51,10 @@ def test_the_zoo_starts_no_configuration_the_budget_cannot_cover(tmp_path):
                      "print('RESULT ' + json.dumps({'status': 'ok', 'units_per_s': 1.0, "
                      "'unit': 'img/s', 'step_s': 1.0, 'timed_steps': 1, 'timed_alloc_retries': 0, "
                      "'peak_alloc': 1 << 30, 'peak_reserved': 1 << 30}), flush=True)\n")
-    parent, record, _ = zoo_parent(
+    (first, second), took = _zoo_rows(
         tmp_path, child, "--models", "resnet50", "unet", "--base-batch", "resnet50=4",
         "--base-batch", "unet=4", "--modes", "stock", "--scales", "1.0", "--timeout", "600",
         "--budget", "48")
-    t0 = time.time()
-    p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
-    took = time.time() - t0
-    assert p.returncode == 0, p.stderr
-    (rec,) = [json.loads(x) for x in record.read_text().splitlines()]
-    first, second = rec["results"]
     assert first["status"] == "ok", first
     # more than the old 20 s floor was left, less than the first one took
     assert second["status"].startswith("not run (time budget: 2"), second
@@ -68,15 +68,12 @@ def test_the_zoo_runs_swapping_modes_only_at_their_scales(tmp_path):
     model at 1.0x costs a device call half a minute or more)."""
     child = tmp_path / "child.py"
     child.write_text("raise SystemExit(3)\n")  # every configuration fails at once
-    parent, record, _ = zoo_parent(
+    results, _ = _zoo_rows(
         tmp_path, child, "--models", "resnet50", "--base-batch", "resnet50=4", "--modes",
         "stock", "lms", "--scales", "1.0", "1.5", "2.0", "--lms-scales", "1.5", "2.0",
         "--baseline-scales", "1.0")
-    p = subprocess.run([sys.executable, str(parent)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    (rec,) = [__import__("json").loads(x) for x in record.read_text().splitlines()]
-    rows = [(r["scale"], r["mode"]) for r in rec["results"]]
-    assert rows == [(1.0, "stock"), (1.5, "lms"), (2.0, "lms")], rec["results"]
+    rows = [(r["scale"], r["mode"]) for r in results]
+    assert rows == [(1.0, "stock"), (1.5, "lms"), (2.0, "lms")], results
 
 
 def test_bounds_at_facts_rates_and_at_the_probed_link(tmp_path):
