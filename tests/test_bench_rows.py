@@ -54,12 +54,29 @@ def test_the_zoo_starts_no_configuration_the_budget_cannot_cover(tmp_path):
     (first, second), took = _zoo_rows(
         tmp_path, child, "--models", "resnet50", "unet", "--base-batch", "resnet50=4",
         "--base-batch", "unet=4", "--modes", "stock", "--scales", "1.0", "--timeout", "600",
-        "--budget", "48")
+        "--budget", "50")
     assert first["status"] == "ok", first
-    # more than the old 20 s floor was left, less than the first one took
+    # more than the 20 s floor was left (the first one's start and end take well under 5 s),
+    # less than the first one took
     assert second["status"].startswith("not run (time budget: 2"), second
-    assert "the longest configuration so far took 25 s" in second["status"], second
+    assert "the longest configuration so far took 2" in second["status"], second
     assert took < 25 + 15, took  # the second child was never started
+
+
+def test_the_budget_refuses_what_the_longest_finished_one_says_cannot_fit():
+    """Only a finished configuration's wall time is an estimate (a cut one's is its limit);
+    before any has finished, the floor alone decides."""
+    budget = import_bench("budget").Budget(100.0, floor=20.0)
+    assert budget.refusal() is None
+    budget.finished({"status": "timeout (300 s)", "wall_s": 300.0})
+    assert budget.refusal() is None and budget.longest == 0.0
+    budget.finished({"status": "ok", "wall_s": 60.0})
+    assert budget.refusal() is None  # about 100 s left
+    budget.finished({"status": "ok", "wall_s": 150.0})
+    refused = budget.refusal()
+    assert refused and refused.startswith("not run (time budget: "), refused
+    assert refused.endswith("the longest configuration so far took 150 s)"), refused
+    assert import_bench("budget").Budget(10.0, floor=20.0).refusal()  # under the floor
 
 
 def test_the_zoo_runs_swapping_modes_only_at_their_scales(tmp_path):

@@ -51,6 +51,7 @@ sys.path.insert(0, str(HERE))         # zoo
 import zoo  # noqa: E402  (the models: unmodified library code)
 import device_cap  # noqa: E402
 from link_rate import GiB, pinned_rates  # noqa: E402
+from budget import Budget  # noqa: E402
 import children  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
@@ -430,7 +431,9 @@ def main():
                          "killed by host memory or too slow for 20 steps on every model so far)")
     ap.add_argument("--search-timeout", type=float, default=300.0,
                     help="seconds for one model's batch search")
-    ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
+    ap.add_argument("--budget", type=float, default=540.0,
+                    help="seconds for the whole run; a configuration starts only while what "
+                         "is left covers the longest one finished so far")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
     device_cap.add_option(ap)
     ap.add_argument("--link-probe-gib", type=float, default=2.0,
@@ -465,7 +468,7 @@ def main():
     global ALLOC_CONF
     ALLOC_CONF = args.alloc_conf
     install_stop_handlers()
-    t_begin = time.perf_counter()
+    budget = Budget(args.budget, floor=20.0)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "bench_log.txt", "w")
@@ -488,7 +491,6 @@ def main():
         log.write(f"net: {net}\n")
     recorded = []
     running = []  # the row of the configuration whose child runs now
-    longest = 0.0  # wall seconds of the longest configuration finished in this run
 
     def finish(row, res, stock_rate):
         """A configuration's row, complete with what its child reported."""
@@ -525,16 +527,11 @@ def main():
                 for mode in args.modes:
                     if not runs_at(mode, scale, args.baseline_scales, args.lms_scales):
                         continue
-                    elapsed = time.perf_counter() - t_begin
                     row = {"model": model, "scale": scale, "batch": batch, "mode": mode}
                     if mode in dead:
                         row.update(status=f"skipped ({dead[mode]} at a smaller batch)")
-                    elif args.budget - elapsed < max(20.0, longest):
-                        # one that cannot finish would spend the budget and record nothing;
-                        # this run's longest configuration so far is the estimate
-                        row.update(status=f"not run (time budget: {args.budget - elapsed:.0f} s "
-                                          f"left, the longest configuration so far took "
-                                          f"{longest:.0f} s)")
+                    elif (refused := budget.refusal()):
+                        row.update(status=refused)
                     else:
                         argv = ["--model", model, "--mode", mode, "--batch", str(batch),
                                 "--warmup", str(args.warmup), "--steps", str(args.steps),
@@ -551,7 +548,7 @@ def main():
                         if mode == "save_on_cpu" and args.save_on_cpu_timeout:
                             cap = args.save_on_cpu_timeout
                         # the budget bounds the whole run, the last configuration included
-                        timeout = min(cap, args.budget - elapsed)
+                        timeout = min(cap, budget.left())
                         if timeout < cap:
                             row["cut_by_budget"] = True  # a cut says the budget made it
                         running[:] = [row, stock_rate]
@@ -560,10 +557,9 @@ def main():
                                       cut_short(row, res, rate))
                         running.clear()
                         row.update({k: v for k, v in r.items() if k not in row})
+                        budget.finished(r)
                         if row["status"] != "ok":
                             dead[mode] = row["status"]
-                        else:
-                            longest = max(longest, r.get("wall_s", 0.0))
                     if mode == "stock" and scale == 1.0 and row.get("status") == "ok":
                         stock_rate = row["units_per_s"]
                     finish(row, {}, stock_rate)
@@ -579,7 +575,7 @@ def main():
             write_results(args, out, cmd, link, results)
         raise
     write_results(args, out, cmd, link, results)
-    print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
+    print(f"total wall {budget.elapsed():.0f}s", flush=True)
 
 
 def write_results(args, out, cmd, link, results):

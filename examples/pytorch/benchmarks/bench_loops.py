@@ -43,6 +43,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))
 
+from budget import Budget  # noqa: E402
 import children  # noqa: E402
 from children import (finished_before_cut, install_stop_handlers, peak_rss,  # noqa: E402
                       run_process)
@@ -452,7 +453,9 @@ def main():
     ap.add_argument("--steps", type=int, default=30, help="iterations per configuration")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations among them")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
-    ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole run")
+    ap.add_argument("--budget", type=float, default=560.0,
+                    help="seconds for the whole run; a configuration starts only while what "
+                         "is left covers the longest one finished so far")
     ap.add_argument("--host-guard-gib", type=float, default=6.0)
     device_cap.add_option(ap)
     ap.add_argument("--record", default=str(RECORD), help="JSON Lines file to append to")
@@ -478,7 +481,7 @@ def main():
 
     import loops
     install_stop_handlers()
-    t_begin = time.perf_counter()
+    budget = Budget(args.budget, floor=30.0)
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=ALLOC_CONF, PYTHONUNBUFFERED="1")
     record = pathlib.Path(args.record)
     record.parent.mkdir(parents=True, exist_ok=True)
@@ -488,9 +491,6 @@ def main():
     given = {k: int(v) for k, _, v in (b.partition("=") for b in args.base_batch)}
     guard = int(args.host_guard_gib * GiB)
 
-    def remaining():
-        return args.budget - (time.perf_counter() - t_begin)
-
     stock_rows = {}  # loop -> its stock row at 1.0x in this run, the bound's compute term
 
     def finish(row, r):
@@ -499,6 +499,7 @@ def main():
         if r is not None:
             r = finished_before_cut(r, "loop", row["loop"])
             row.update({k: v for k, v in r.items() if k not in row})
+            budget.finished(row)
         if _is_stock_base(row):
             stock_rows[row["loop"]] = row
         add_bound(row, stock_rows.get(row["loop"]))
@@ -522,13 +523,13 @@ def main():
     if args.compile_net_s > 0 and any(m in LAYERED for m in args.modes):
         head["net_compile"] = children.compile_net_first(
             lambda t: run_process([sys.executable, __file__, "--child", children.COMPILE_NET_FLAG],
-                                  t, guard, log, env), min(args.compile_net_s, remaining()))
+                                  t, guard, log, env), min(args.compile_net_s, budget.left()))
     for name in args.loops or loops.LOOPS:
         base = given.get(name)
         if not base:
             lo, hi = loops.SEARCH[name]
             r = run_process([sys.executable, __file__, "--child", "--loop", name,
-                             "--search", str(lo), str(hi)], min(600, remaining()), guard, log, env)
+                             "--search", str(lo), str(hi)], min(600, budget.left()), guard, log, env)
             base = r.get("max_batch")
             print(f"[{name}] stock's largest batch: {base}", flush=True)
             if not base:
@@ -547,13 +548,14 @@ def main():
                     row["allocator_settings"] = args.allocator_settings
                 if mode in LAYERED and (args.lms_option or variant):
                     row["lms_options"] = list(args.lms_option) + variant
-                if remaining() < 30:
-                    row["status"] = "not run (time budget)"
+                refused = budget.refusal()
+                if refused:
+                    row["status"] = refused
                     finish(row, None)
                     continue
                 # run_process hands the result to finish before a stop of the bench
                 # (Stopped) ends it: a cut run is recorded as far as it ran
-                limit = min(args.timeout, remaining())
+                limit = min(args.timeout, budget.left())
                 if limit < args.timeout:
                     # the run's budget, not --timeout, limits it: a cut says so
                     row["cut_by_budget"] = True
@@ -566,7 +568,7 @@ def main():
                             on_result=lambda r, row=row: finish(row, r))
     records = [json.loads(x) for x in open(record) if x.strip()]
     write_table(pathlib.Path(args.table), records)
-    print(f"total wall {time.perf_counter() - t_begin:.0f}s", flush=True)
+    print(f"total wall {budget.elapsed():.0f}s", flush=True)
 
 
 if __name__ == "__main__":
