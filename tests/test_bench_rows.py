@@ -79,6 +79,38 @@ def test_the_budget_refuses_what_the_longest_finished_one_says_cannot_fit():
     assert import_bench("budget").Budget(10.0, floor=20.0).refusal()  # under the floor
 
 
+def test_the_distributed_run_starts_no_job_the_budget_cannot_cover(tmp_path, monkeypatch):
+    """bench_distributed.py keeps the zoo's and the loops' budget rule: each job's limit is at
+    most what is left of the run's budget, and no job starts once the longest finished one
+    says it cannot fit (jobs of 10 s and then 150 s against a 100 s budget)."""
+    bench = import_bench("bench_distributed")
+    limits, walls = [], iter([10.0, 150.0])
+
+    def fake_run(argv, timeout, guard, log, env, on_result=None):
+        if "--probe" in argv:
+            return {"status": "ok", "results": [], "wall_s": 0.1}
+        limits.append(timeout)
+        batch = int(argv[argv.index("--batch") + 1])
+        rank = {"rank": 0, "status": "ok", "step_s": 1.0, "units_per_s": 10.0, "unit": "img/s",
+                "batch": batch, "lms": "--no-lms" not in argv, "steps": 3}
+        return {"status": "ok", "returncode": 0, "results": [rank], "wall_s": next(walls)}
+
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    monkeypatch.setattr(sys, "argv", ["bench_distributed.py", "--gpus", "1", "--engines", "ddp",
+                                      "--base-batch", "4", "--timeout", "240", "--budget", "100",
+                                      "--out", str(tmp_path / "out"),
+                                      "--record", str(tmp_path / "r.jsonl"),
+                                      "--table", str(tmp_path / "t.md")])
+    assert bench.main() == 0
+    (rec,) = [json.loads(x) for x in open(tmp_path / "r.jsonl")]
+    status = [r["status"] for r in rec["rows"]]
+    assert status[:2] == ["ok", "ok"], status
+    assert len(status) > 2 and all(x.startswith("not run (time budget: ") for x in status[2:]), status
+    assert "the longest configuration so far took 150 s" in status[2], status
+    assert len(limits) == 2 and all(t <= 100 for t in limits), limits
+    assert rec["rows"][0].get("cut_by_budget") is True
+
+
 def test_the_zoo_runs_swapping_modes_only_at_their_scales(tmp_path):
     """``--lms-scales`` keeps the swapping modes to their scales: stock runs at 1.0x for the
     bound, the swapping mode at 1.5x and 2.0x only, not at 1.0x too (each configuration of a

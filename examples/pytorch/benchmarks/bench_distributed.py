@@ -31,11 +31,11 @@ import pathlib
 import shlex
 import sys
 import tempfile
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from budget import Budget  # noqa: E402
 from children import install_stop_handlers, meminfo, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 import records  # noqa: E402
@@ -192,7 +192,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--baseline-steps", type=int, default=10, help="steps at 1.0x")
     ap.add_argument("--timeout", type=float, default=240, help="seconds for one job")
-    ap.add_argument("--budget", type=float, default=540, help="seconds for the whole run")
+    ap.add_argument("--budget", type=float, default=540,
+                    help="seconds for the whole run, the probe and the search included; a job "
+                         "starts only while what is left covers the longest one finished so far")
     ap.add_argument("--host-guard-gib", type=float, default=8.0)
     ap.add_argument("--out", default=str(pathlib.Path(tempfile.gettempdir()) / "bench_distributed"),
                     help="folder of this run's raw log, results.json and results.md")
@@ -219,7 +221,7 @@ def main() -> int:
     log = open(out / "bench_log.txt", "a", buffering=1)  # line by line: kept if the run is cut
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=ALLOC_CONF)
     guard = int(args.host_guard_gib * GiB)
-    t_start = time.perf_counter()
+    budget = Budget(args.budget, floor=30.0)
     total = meminfo("MemTotal")
     common = ["--model", args.model] + (["--max-gpu-gib", args.max_gpu_gib] if args.max_gpu_gib else [])
     meta = {"command": "python3 " + " ".join(shlex.quote(a) for a in sys.argv), "model": args.model,
@@ -252,16 +254,19 @@ def main() -> int:
         batch = int(round(base * scale))
         row = {"engine": engine, "nproc": nproc, "scale": scale, "batch": batch, "lms": lms,
                "host_total": meta["host_total"]}
-        elapsed = time.perf_counter() - t_start
-        if elapsed > args.budget:
-            row["status"] = "not run (time budget)"
+        refused = budget.refusal()
+        if refused:
+            row["status"] = refused
         else:
             steps, warm = ((args.baseline_steps, 3) if scale == 1.0 else (args.steps, args.warmup))
             if not lms and scale > 1.0:
                 steps, warm = 3, 1
             argv = [EXAMPLE, "--batch", batch, "--engine", engine, "--steps", steps,
                     "--warmup", warm] + common + ([] if lms else ["--no-lms"])
-            timeout = min(args.timeout, max(30.0, args.budget + 60 - elapsed))
+            # the budget bounds the whole run, the last job included
+            timeout = min(args.timeout, budget.left())
+            if timeout < args.timeout:
+                row["cut_by_budget"] = True  # a cut says the budget, not --timeout, made it
             r = run_process(torchrun(nproc, argv), timeout, guard, log, env)
             ranks = r.get("results", [])
             bad = [x for x in ranks if x.get("status") != "ok"]
@@ -275,6 +280,7 @@ def main() -> int:
             row["wall_s"] = r["wall_s"]
             row["min_mem_available"] = r.get("min_mem_available")
             row["steps_done_all"] = min((x.get("steps", x.get("steps_done", 0)) for x in ranks), default=0)
+            budget.finished({"status": row["status"], "wall_s": r["wall_s"]})
             if row["status"] == "ok" and not lms and scale == 1.0:
                 stock[(engine, nproc)] = {"step_s": max(x["step_s"] for x in ranks), "batch": batch}
             summarize(row, stock, rates if nproc == gpus else {k: v for k, v in rates.items() if k == 0})
@@ -288,7 +294,7 @@ def main() -> int:
     config = {k: v for k, v in vars(args).items() if k not in ("out", "record", "table", "table_only", "probe")}
     records.append(args.record, {**records.header(), **meta, "config": config, "rows": rows})
     write_table(args.table, records.load(args.record))
-    print(f"total wall {time.perf_counter() - t_start:.0f}s", flush=True)
+    print(f"total wall {budget.elapsed():.0f}s", flush=True)
     return 0
 
 
