@@ -61,7 +61,7 @@ def zoo_parent(tmp_path, child, *args):
         sys.path[:0] = [{str(BENCH)!r}, {str(BENCH.parent)!r}]
         import bench_lms_swap as bench
         bench.__dict__["__file__"] = {str(child)!r}  # run_child starts this file
-        sys.argv = ["bench_lms_swap.py", *{list(args)!r}, "--link-probe-gib", "0", "--compile-net-s", "0",
+        sys.argv = ["bench_lms_swap.py", *{list(args)!r}, "--link-probe-gib", "0", "--compile-s", "0",
                     "--out", {str(tmp_path / "out")!r}, "--record", {str(record)!r},
                     "--table", {str(table)!r}]
         sys.exit(bench.main())

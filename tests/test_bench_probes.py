@@ -71,20 +71,21 @@ def test_a_profile_s_figures_are_a_record_and_a_probes_row(tmp_path):
 
 
 @pytest.mark.parametrize("bench", ["bench_loops.py", "bench_lms_swap.py"])
-def test_the_net_compile_child_answers_for_this_machine(bench):
-    """The child each bench runs before its configurations compiles the eviction net or says
-    why it cannot be had (on a machine without CUDA: unavailable, with the reason), as one
-    RESULT line the parent reads."""
-    p = subprocess.run([sys.executable, str(BENCH / bench), "--child", "--compile-net"],
+@pytest.mark.parametrize("what", ["net", "allocator"])
+def test_the_compile_child_answers_for_this_machine(bench, what):
+    """The child each bench runs before its configurations compiles the eviction net or the
+    pluggable allocator, or says why it cannot be had (on a machine without CUDA:
+    unavailable, with the reason), as one RESULT line the parent reads."""
+    p = subprocess.run([sys.executable, str(BENCH / bench), "--child", "--compile", what],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert len(lines) == 1, p.stdout
     r = json.loads(lines[0][len("RESULT "):])
-    if r["net"] == "ready":
+    if r[what] == "ready":
         assert r["s"] >= 0
     else:
-        assert r["net"] == "unavailable" and r["reason"]
+        assert r[what] == "unavailable" and r["reason"]
 
 
 def test_backward_memory_says_which_interval_set_backwards_peak(m):

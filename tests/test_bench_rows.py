@@ -255,7 +255,7 @@ def test_the_loops_iteration_lines_go_beside_the_record(tmp_path, monkeypatch):
     records = import_bench("records")
 
     def fake_run(argv, timeout, guard, log, env, on_result=None):
-        if "--compile-net" in argv:
+        if "--compile" in argv:
             return {"status": "ok", "net": "ready", "s": 1.0}
         mode = argv[argv.index("--mode") + 1]
         r = {"status": "ok", "steps_done": 2, "unit": "tok/s",
@@ -288,7 +288,7 @@ def test_lms_variants_run_against_one_stock_run(tmp_path, monkeypatch):
 
     def fake_run(argv, timeout, guard, log, env, on_result=None):
         argvs.append(argv)
-        if "--compile-net" in argv:
+        if "--compile" in argv:
             return {"status": "ok", "net": "unavailable", "reason": "RuntimeError: no CUDA"}
         r = {"status": "ok", "steps_done": 2, "unit": "tok/s",
              "steps": [{"i": i, "units": 100, "s": 1.0, "timed": i == 1} for i in range(2)]}
@@ -308,7 +308,7 @@ def test_lms_variants_run_against_one_stock_run(tmp_path, monkeypatch):
         ("stock", None), ("lms", None), ("lms", ["prefetch_past_peak=0", "prefetch_depth=8"])]
     assert all(r["bound_has_compute"] for r in rows[1:])
     # the net is compiled once, before every configuration, and what it answered is kept
-    assert "--compile-net" in argvs[0] and not any("--compile-net" in a for a in argvs[1:])
+    assert argvs[0][-2:] == ["--compile", "net"] and not any("--compile" in a for a in argvs[1:])
     assert rows[0]["net_compile"] == {"net": "unavailable", "reason": "RuntimeError: no CUDA"}
     assert argvs[3][-4:] == ["--lms-option", "prefetch_past_peak=0",
                              "--lms-option", "prefetch_depth=8"]
@@ -318,6 +318,45 @@ def test_lms_variants_run_against_one_stock_run(tmp_path, monkeypatch):
         with pytest.raises(SystemExit):
             bench.main()
     assert len(argvs) == 4
+
+
+def test_what_the_modes_load_is_compiled_once_before_them(tmp_path, monkeypatch):
+    """The pluggable modes get the allocator compiled before any configuration, the layer's
+    modes the net, each once, outside every configuration's time limit; each row keeps what
+    the compile answered, and --compile-s 0 leaves it to the first configuration."""
+    bench = import_bench("bench_loops")
+    argvs = []
+
+    def fake_run(argv, timeout, guard, log, env, on_result=None):
+        argvs.append(argv)
+        if "--compile" in argv:
+            what = argv[argv.index("--compile") + 1]
+            return {"status": "ok", what: "ready", "s": 2.0}
+        r = {"status": "ok", "steps_done": 2, "unit": "tok/s",
+             "steps": [{"i": i, "units": 100, "s": 1.0, "timed": i == 1} for i in range(2)]}
+        on_result(r)
+        return r
+
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    common = ["bench_loops.py", "--loops", "ckpt-some", "--base-batch", "ckpt-some=24",
+              "--scales", "1.0", "1.5", "--lms-scales", "1.5", "--table", str(tmp_path / "t.md")]
+    for modes, want in ((["stock", "pluggable"], ["allocator"]),
+                        (["lms", "pluggable+lms"], ["net", "allocator"]),
+                        (["stock", "lms"], ["net"])):
+        argvs.clear()
+        rec = tmp_path / f"{'-'.join(modes)}.jsonl"
+        monkeypatch.setattr(sys, "argv", common + ["--modes", *modes, "--record", str(rec)])
+        bench.main()
+        compiles = [a[a.index("--compile") + 1] for a in argvs if "--compile" in a]
+        assert compiles == want, (modes, compiles)
+        assert all("--compile" in a for a in argvs[:len(want)]), argvs  # before every run
+        rows = [json.loads(x) for x in open(rec)]
+        assert all(r[f"{w}_compile"] == {w: "ready", "s": 2.0} for r in rows for w in want)
+    argvs.clear()
+    monkeypatch.setattr(sys, "argv", common + ["--modes", "pluggable", "--compile-s", "0",
+                                               "--record", str(tmp_path / "none.jsonl")])
+    bench.main()
+    assert not any("--compile" in a for a in argvs), argvs
 
 
 def test_a_loops_row_names_the_tunables_it_ran_with(tmp_path):

@@ -96,6 +96,26 @@ def compile_net() -> dict:
     return {"net": "ready", "s": round(time.perf_counter() - t0, 1)}
 
 
+def compile_allocator() -> dict:
+    """Compiles the pluggable LMS allocator of the package :func:`load_lms_swap` finds, or
+    finds it compiled in ``TORCH_EXTENSIONS_DIR``, without installing it:
+    ``{"allocator": "ready", "s": seconds}``, or ``{"allocator": "unavailable", "reason":
+    ...}``.  As :func:`compile_net`, for a benchmark to run once before its configurations
+    (the compile took 27 s of a configuration's 70 s limit on a fresh GPU machine)."""
+    import time
+    load_lms_swap(prefer_patched=False)
+    t0 = time.perf_counter()
+    try:
+        alloc = importlib.import_module(MODULE_NAME + ".allocator")
+        reason = alloc.refusal()
+        if reason:
+            return {"allocator": "unavailable", "reason": reason}
+        alloc.build()
+    except Exception as e:  # noqa: BLE001  (the reason is the answer)
+        return {"allocator": "unavailable", "reason": f"{type(e).__name__}: {e}"[:500]}
+    return {"allocator": "ready", "s": round(time.perf_counter() - t0, 1)}
+
+
 if __name__ == "__main__":
     m = load_lms_swap()
     print(f"{m.__name__} from {m.__file__}")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
 import pathlib
 import sys

@@ -55,7 +55,7 @@ from budget import Budget  # noqa: E402
 import children  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
-from scale_plan import LAYERED, SWAPPING, runs_at  # noqa: E402
+from scale_plan import LAYERED, SWAPPING, compiled, runs_at  # noqa: E402
 from zoo_report import add_bounds, summary_line, write_markdown, write_table  # noqa: E402
 from allocator_memory import alloc_totals, readings  # noqa: E402
 
@@ -383,7 +383,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
-    children.add_compile_net_option(ap)
+    children.add_compile_option(ap)
     ap.add_argument("--mode", choices=["stock", "save_on_cpu", *SWAPPING])
     ap.add_argument("--batch", type=int)
     ap.add_argument("--model", default="resnet50")
@@ -453,8 +453,8 @@ def main():
         return 0
 
     if args.child:
-        if args.compile_net:
-            return children.compile_net_child()
+        if args.compile:
+            return children.compile_child(args.compile)
         if args.probe_link:
             import torch
             rates = pinned_rates(int(args.link_probe_gib * GiB))
@@ -484,11 +484,12 @@ def main():
         print(f"link (pinned copies, GB/s): {link or 'not measured: ' + str(r.get('status'))}",
               flush=True)
         log.write(f"link: {link or r}\n")
-    if args.compile_net_s > 0 and any(m in LAYERED for m in args.modes):
-        net = children.compile_net_first(
-            lambda t: run_child([children.COMPILE_NET_FLAG], t, int(args.host_guard_gib * GiB), log),
-            min(args.compile_net_s, args.budget))
-        log.write(f"net: {net}\n")
+    for what in compiled(args.modes) if args.compile_s > 0 else ():
+        got = children.compile_first(
+            what, lambda t, w=what: run_child([children.COMPILE_FLAG, w], t,
+                                              int(args.host_guard_gib * GiB), log),
+            min(args.compile_s, budget.left()))
+        log.write(f"{what}: {got}\n")
     recorded = []
     running = []  # the row of the configuration whose child runs now
 

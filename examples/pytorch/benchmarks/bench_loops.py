@@ -51,7 +51,7 @@ from link_rate import FACTS_RATES, GiB, pcie_step_s  # noqa: E402
 import records as records_  # noqa: E402
 import device_cap  # noqa: E402
 from allocator_memory import alloc_totals, host_gib, readings  # noqa: E402
-from scale_plan import LAYERED, SWAPPING, runs_at  # noqa: E402
+from scale_plan import LAYERED, SWAPPING, compiled, runs_at  # noqa: E402
 
 ALLOC_CONF = "expandable_segments:True"
 RECORD = HERE / "records" / "loops.jsonl"
@@ -424,7 +424,7 @@ def main():
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", type=int, nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--fits", type=int, help=argparse.SUPPRESS)
-    children.add_compile_net_option(ap)
+    children.add_compile_option(ap)
     ap.add_argument("--loop", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -469,8 +469,8 @@ def main():
         ap.error(str(e))
     device_cap.pass_to_children(args.device_gib, args.device_hold)
     if args.child:
-        if args.compile_net:
-            return children.compile_net_child()
+        if args.compile:
+            return children.compile_child(args.compile)
         if args.fits:
             return child_fits(args)
         return child_search(args) if args.search else child(args)
@@ -520,10 +520,11 @@ def main():
               + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
               flush=True)
 
-    if args.compile_net_s > 0 and any(m in LAYERED for m in args.modes):
-        head["net_compile"] = children.compile_net_first(
-            lambda t: run_process([sys.executable, __file__, "--child", children.COMPILE_NET_FLAG],
-                                  t, guard, log, env), min(args.compile_net_s, budget.left()))
+    for what in compiled(args.modes) if args.compile_s > 0 else ():
+        head[f"{what}_compile"] = children.compile_first(
+            what, lambda t, w=what: run_process(
+                [sys.executable, __file__, "--child", children.COMPILE_FLAG, w], t, guard, log, env),
+            min(args.compile_s, budget.left()))
     for name in args.loops or loops.LOOPS:
         base = given.get(name)
         if not base:

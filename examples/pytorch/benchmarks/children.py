@@ -208,36 +208,39 @@ def _watch(p, t0, timeout, guard_bytes, log) -> dict:
     return res
 
 
-# ------------------------------------------------------------ the eviction net, compiled first
-COMPILE_NET_FLAG = "--compile-net"  # the child's flag: lms_swap_loader.compile_net, one RESULT
+# ------------------------------------- what the configurations load, compiled first
+COMPILE_FLAG = "--compile"  # the child's flag: --compile net|allocator, one RESULT
+COMPILED = ("net", "allocator")  # lms_swap_loader.compile_net / compile_allocator
 
 
-def add_compile_net_option(ap) -> None:
-    """A parent's ``--compile-net-s`` and its children's (hidden) ``--compile-net``."""
+def add_compile_option(ap) -> None:
+    """A parent's ``--compile-s`` and its children's (hidden) ``--compile WHAT``."""
     import argparse
-    ap.add_argument(COMPILE_NET_FLAG, action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--compile-net-s", type=float, default=300.0, metavar="SECONDS",
-                    help="time for compiling the eviction net once, before the configurations "
-                         "with lms_swap (it is then found compiled; 0: the first such "
-                         "configuration compiles it, inside its time limit)")
+    ap.add_argument(COMPILE_FLAG, choices=COMPILED, help=argparse.SUPPRESS)
+    ap.add_argument("--compile-s", type=float, default=300.0, metavar="SECONDS",
+                    help="time for compiling, once and before the configurations, what they "
+                         "load: the eviction net (modes with lms_swap) and the pluggable "
+                         "allocator (the pluggable modes); they then find it compiled (0: the "
+                         "first such configuration compiles it, inside its time limit)")
 
 
-def compile_net_child() -> int:
-    """What a child given ``--compile-net`` does: compile the net, print its one RESULT."""
-    from lms_swap_loader import compile_net
-    print("RESULT " + json.dumps(compile_net()), flush=True)
+def compile_child(what: str) -> int:
+    """What a child given ``--compile WHAT`` does: compile it, print its one RESULT."""
+    from lms_swap_loader import compile_allocator, compile_net
+    print("RESULT " + json.dumps(compile_net() if what == "net" else compile_allocator()),
+          flush=True)
     return 0
 
 
-def compile_net_first(run: Callable[[float], dict], timeout: float) -> dict:
-    """The eviction net compiled once, by ``run(timeout)`` (a child given
-    ``--compile-net``), before any configuration, so that no configuration's time limit or
-    first step holds the compile (45-70 s on a fresh GPU machine); what it answered,
-    printed and returned (``{"net": "ready", "s": ...}`` or ``{"net": "unavailable",
-    "reason": ...}``)."""
+def compile_first(what: str, run: Callable[[float], dict], timeout: float) -> dict:
+    """``what`` (the net or the allocator) compiled once, by ``run(timeout)`` (a child given
+    ``--compile WHAT``), before any configuration, so that no configuration's time limit or
+    first step holds the compile (the net 45-70 s, the allocator 27 s on a fresh GPU
+    machine); what it answered, printed and returned (``{WHAT: "ready", "s": ...}`` or
+    ``{WHAT: "unavailable", "reason": ...}``)."""
     r = run(timeout)
-    net = {k: r[k] for k in ("net", "s", "reason") if k in r} or {
-        "net": "unavailable", "reason": str(r.get("status") or r.get("error"))[:500]}
-    print(f"[net] {net['net']}" + (f" in {net['s']} s" if "s" in net else "")
-          + (f": {net['reason']}" if "reason" in net else ""), flush=True)
-    return net
+    got = {k: r[k] for k in (what, "s", "reason") if k in r} or {
+        what: "unavailable", "reason": str(r.get("status") or r.get("error"))[:500]}
+    print(f"[{what}] {got[what]}" + (f" in {got['s']} s" if "s" in got else "")
+          + (f": {got['reason']}" if "reason" in got else ""), flush=True)
+    return got

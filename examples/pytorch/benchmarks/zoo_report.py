@@ -7,7 +7,6 @@ import pathlib
 import records
 from allocator_memory import host_gib
 from link_rate import FACTS_RATES, GiB, pcie_step_s
-from scale_plan import SWAPPING
 
 __all__ = ["add_bounds", "summary_line", "table_rows", "write_markdown", "write_table"]
 
