@@ -92,9 +92,7 @@ def _busy_unregister(src: torch.Tensor, gib: int = 1, n: int = 4) -> None:
         torch.cuda.synchronize()
         for _ in range(k):
             a @ a
-        t0 = time.perf_counter()
         du = _unregister(buf)
-        left = time.perf_counter() - t0
         ts = time.perf_counter()
         torch.cuda.synchronize()
         rest = time.perf_counter() - ts
