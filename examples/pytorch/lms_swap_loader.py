@@ -77,6 +77,18 @@ def load_lms_allocator(settings: Optional[str] = None) -> ModuleType:
     return alloc
 
 
+def _compiled(what: str, load) -> dict:
+    """``{what: "ready", "s": seconds}`` after ``load()`` compiled or found compiled ``what``,
+    else ``{what: "unavailable", "reason": ...}`` with the error it raised."""
+    import time
+    t0 = time.perf_counter()
+    try:
+        load()
+    except Exception as e:  # noqa: BLE001  (the reason is the answer)
+        return {what: "unavailable", "reason": f"{type(e).__name__}: {e}"[:500]}
+    return {what: "ready", "s": round(time.perf_counter() - t0, 1)}
+
+
 def compile_net() -> dict:
     """Loads the eviction net of the package :func:`load_lms_swap` finds as its first use
     does (the install's prebuilt net, else compiled here or found compiled in
@@ -85,35 +97,21 @@ def compile_net() -> dict:
     A benchmark runs this once, in a process of its own, before its configurations, so
     that no configuration's time limit or first step holds the compile (45-70 s on the
     GPU machine's first use)."""
-    import time
     load_lms_swap(prefer_patched=False)
     guard = importlib.import_module(MODULE_NAME + ".guard")
-    t0 = time.perf_counter()
-    try:
-        guard.load_guard(required=True)
-    except Exception as e:  # noqa: BLE001  (the reason is the answer)
-        return {"net": "unavailable", "reason": f"{type(e).__name__}: {e}"[:500]}
-    return {"net": "ready", "s": round(time.perf_counter() - t0, 1)}
+    return _compiled("net", lambda: guard.load_guard(required=True))
 
 
 def compile_allocator() -> dict:
     """Compiles the pluggable LMS allocator of the package :func:`load_lms_swap` finds, or
     finds it compiled in ``TORCH_EXTENSIONS_DIR``, without installing it:
     ``{"allocator": "ready", "s": seconds}``, or ``{"allocator": "unavailable", "reason":
-    ...}``.  As :func:`compile_net`, for a benchmark to run once before its configurations
-    (the compile took 27 s of a configuration's 70 s limit on a fresh GPU machine)."""
-    import time
+    ...}`` (its ``build`` names why it cannot be built here).  As :func:`compile_net`, for a
+    benchmark to run once before its configurations (the compile took 27 s of a
+    configuration's 70 s limit on a fresh GPU machine)."""
     load_lms_swap(prefer_patched=False)
-    t0 = time.perf_counter()
-    try:
-        alloc = importlib.import_module(MODULE_NAME + ".allocator")
-        reason = alloc.refusal()
-        if reason:
-            return {"allocator": "unavailable", "reason": reason}
-        alloc.build()
-    except Exception as e:  # noqa: BLE001  (the reason is the answer)
-        return {"allocator": "unavailable", "reason": f"{type(e).__name__}: {e}"[:500]}
-    return {"allocator": "ready", "s": round(time.perf_counter() - t0, 1)}
+    return _compiled("allocator",
+                     lambda: importlib.import_module(MODULE_NAME + ".allocator").build())
 
 
 if __name__ == "__main__":
