@@ -35,7 +35,7 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from budget import Budget  # noqa: E402
+from budget import Budget, mark_if_cut  # noqa: E402
 from children import install_stop_handlers, meminfo, run_process  # noqa: E402
 from link_rate import FACTS_RATES, GiB, pcie_step_s, pinned_rates  # noqa: E402
 import records  # noqa: E402
@@ -265,9 +265,8 @@ def main() -> int:
                     "--warmup", warm] + common + ([] if lms else ["--no-lms"])
             # the budget bounds the whole run, the last job included
             timeout = min(args.timeout, budget.left())
-            if timeout < args.timeout:
-                row["cut_by_budget"] = True  # a cut says the budget, not --timeout, made it
             r = run_process(torchrun(nproc, argv), timeout, guard, log, env)
+            mark_if_cut(row, r, timeout, args.timeout)  # a cut says the budget made it
             ranks = r.get("results", [])
             bad = [x for x in ranks if x.get("status") != "ok"]
             row["status"] = bad[0]["status"] if bad else r.get("status", "ok")

@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE))         # zoo
 import zoo  # noqa: E402  (the models: unmodified library code)
 import device_cap  # noqa: E402
 from link_rate import GiB, pinned_rates  # noqa: E402
-from budget import Budget  # noqa: E402
+from budget import Budget, mark_if_cut  # noqa: E402
 import children  # noqa: E402
 from children import install_stop_handlers, peak_rss, run_process  # noqa: E402
 import records  # noqa: E402
@@ -550,12 +550,13 @@ def main():
                             cap = args.save_on_cpu_timeout
                         # the budget bounds the whole run, the last configuration included
                         timeout = min(cap, budget.left())
-                        if timeout < cap:
-                            row["cut_by_budget"] = True  # a cut says the budget made it
                         running[:] = [row, stock_rate]
+
+                        def landed(res, row=row, rate=stock_rate, limit=timeout, cap=cap):
+                            mark_if_cut(row, res, limit, cap)  # a cut says the budget made it
+                            cut_short(row, res, rate)
                         r = run_child(argv, timeout, int(args.host_guard_gib * GiB), log,
-                                      on_result=lambda res, row=row, rate=stock_rate:
-                                      cut_short(row, res, rate))
+                                      on_result=landed)
                         running.clear()
                         row.update({k: v for k, v in r.items() if k not in row})
                         budget.finished(r)

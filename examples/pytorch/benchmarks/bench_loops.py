@@ -43,7 +43,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # examples/pytorch: lms_swap_loader
 sys.path.insert(0, str(HERE))
 
-from budget import Budget  # noqa: E402
+from budget import Budget, mark_if_cut  # noqa: E402
 import children  # noqa: E402
 from children import (finished_before_cut, install_stop_handlers, peak_rss,  # noqa: E402
                       run_process)
@@ -557,16 +557,18 @@ def main():
                 # run_process hands the result to finish before a stop of the bench
                 # (Stopped) ends it: a cut run is recorded as far as it ran
                 limit = min(args.timeout, budget.left())
-                if limit < args.timeout:
+
+                def landed(r, row=row, limit=limit):
                     # the run's budget, not --timeout, limits it: a cut says so
-                    row["cut_by_budget"] = True
+                    mark_if_cut(row, r, limit, args.timeout)
+                    finish(row, r)
                 run_process([sys.executable, __file__, "--child", "--loop", name,
                              "--mode", mode, "--batch", str(batch),
                              "--steps", str(args.steps), "--warmup", str(args.warmup),
                              "--allocator-settings", args.allocator_settings]
                             + [x for opt in row.get("lms_options", ()) for x in ("--lms-option", opt)],
                             limit, guard, log, env,
-                            on_result=lambda r, row=row: finish(row, r))
+                            on_result=landed)
     records = [json.loads(x) for x in open(record) if x.strip()]
     write_table(pathlib.Path(args.table), records)
     print(f"total wall {budget.elapsed():.0f}s", flush=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-__all__ = ["Budget"]
+__all__ = ["Budget", "mark_if_cut"]
 
 
 class Budget:
@@ -36,3 +36,11 @@ class Budget:
             return None
         return (f"not run (time budget: {left:.0f} s left, the longest configuration so far "
                 f"took {self.longest:.0f} s)")
+
+
+def mark_if_cut(row: dict, result: dict, limit: float, cap: float) -> None:
+    """Marks ``row`` ``cut_by_budget`` where what was left of the run's budget (``limit``,
+    under the configuration's own ``cap``) stopped it: a row that finished within that limit
+    was not cut, and carries no mark."""
+    if limit < cap and str(result.get("status", "")).startswith("timeout"):
+        row["cut_by_budget"] = True
