@@ -484,11 +484,10 @@ def main():
         print(f"link (pinned copies, GB/s): {link or 'not measured: ' + str(r.get('status'))}",
               flush=True)
         log.write(f"link: {link or r}\n")
-    for what in compiled(args.modes) if args.compile_s > 0 else ():
-        got = children.compile_first(
-            what, lambda t, w=what: run_child([children.COMPILE_FLAG, w], t,
-                                              int(args.host_guard_gib * GiB), log),
-            min(args.compile_s, budget.left()))
+    compiles = children.compile_first(
+        compiled(args.modes), args.compile_s, budget.left,
+        lambda w, t: run_child([children.COMPILE_FLAG, w], t, int(args.host_guard_gib * GiB), log))
+    for what, got in compiles.items():
         log.write(f"{what}: {got}\n")
     recorded = []
     running = []  # the row of the configuration whose child runs now

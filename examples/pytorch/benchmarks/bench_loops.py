@@ -520,11 +520,11 @@ def main():
               + (f" | {str(row.get('error', ''))[:200]}" if row.get("status") != "ok" else ""),
               flush=True)
 
-    for what in compiled(args.modes) if args.compile_s > 0 else ():
-        head[f"{what}_compile"] = children.compile_first(
-            what, lambda t, w=what: run_process(
-                [sys.executable, __file__, "--child", children.COMPILE_FLAG, w], t, guard, log, env),
-            min(args.compile_s, budget.left()))
+    compiles = children.compile_first(
+        compiled(args.modes), args.compile_s, budget.left,
+        lambda w, t: run_process([sys.executable, __file__, "--child", children.COMPILE_FLAG, w],
+                                 t, guard, log, env))
+    head.update({f"{what}_compile": got for what, got in compiles.items()})
     for name in args.loops or loops.LOOPS:
         base = given.get(name)
         if not base:

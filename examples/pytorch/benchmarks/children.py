@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 _RUNNING = set()  # process groups of the children now running
 _STOP: List[int] = []  # the signal that told the parent to stop, once one did
@@ -232,15 +232,21 @@ def compile_child(what: str) -> int:
     return 0
 
 
-def compile_first(what: str, run: Callable[[float], dict], timeout: float) -> dict:
-    """``what`` (the net or the allocator) compiled once, by ``run(timeout)`` (a child given
-    ``--compile WHAT``), before any configuration, so that no configuration's time limit or
-    first step holds the compile (the net 45-70 s, the allocator 27 s on a fresh GPU
-    machine); what it answered, printed and returned (``{WHAT: "ready", "s": ...}`` or
-    ``{WHAT: "unavailable", "reason": ...}``)."""
-    r = run(timeout)
-    got = {k: r[k] for k in (what, "s", "reason") if k in r} or {
-        what: "unavailable", "reason": str(r.get("status") or r.get("error"))[:500]}
-    print(f"[{what}] {got[what]}" + (f" in {got['s']} s" if "s" in got else "")
-          + (f": {got['reason']}" if "reason" in got else ""), flush=True)
-    return got
+def compile_first(whats: Sequence[str], seconds: float, left: Callable[[], float],
+                  run: Callable[[str, float], dict]) -> Dict[str, dict]:
+    """Each of ``whats`` (the net, the allocator: scale_plan.compiled) compiled once, by
+    ``run(what, timeout)`` (a child given ``--compile WHAT``), before any configuration, so
+    that no configuration's time limit or first step holds the compile (the net 45-70 s, the
+    allocator 27 s on a fresh GPU machine).  Each gets ``seconds`` (the parent's
+    ``--compile-s``; 0: none is compiled first), at most what ``left()`` says is left of the
+    run's budget when it starts.  What each answered, printed and returned by name
+    (``{WHAT: "ready", "s": ...}`` or ``{WHAT: "unavailable", "reason": ...}``)."""
+    answers: Dict[str, dict] = {}
+    for what in whats if seconds > 0 else ():
+        r = run(what, min(seconds, left()))
+        got = {k: r[k] for k in (what, "s", "reason") if k in r} or {
+            what: "unavailable", "reason": str(r.get("status") or r.get("error"))[:500]}
+        print(f"[{what}] {got[what]}" + (f" in {got['s']} s" if "s" in got else "")
+              + (f": {got['reason']}" if "reason" in got else ""), flush=True)
+        answers[what] = got
+    return answers
