@@ -279,14 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the sha256 the --patch file must have (required for an http:// URL; https is checked "
                          "by TLS alone without it)")
     sp = add("lms-swap", cmd_lms_swap, "build the lms-swap wheel (activation swapping for stock PyTorch) with its "
-             "eviction net compiled for the torch of --python: version 0.1.0+torch<X.Y.Z>.<cuNNN>, for that torch "
+             "eviction net and its pluggable LMS allocator compiled for the torch of --python: version 0.1.0+torch<X.Y.Z>.<cuNNN>, for that torch "
              "alone (needs a CUDA build of torch, a C++ compiler and the CUDA runtime headers; no GPU)",
              framework=False, tag=False, source=False)
     sp.add_argument("--python", default=sys.executable,
                     help="the interpreter whose torch to build for (default: this one)")
     sp.add_argument("--dist", default=str(catalog.REPO_ROOT / "dist"), help="where the wheel goes (default: dist/)")
     sp.add_argument("--no-net", action="store_true",
-                    help="the pure-Python wheel (0.1.0, any torch >= 2.4): the net is compiled at first use")
+                    help="the pure-Python wheel (0.1.0, any torch >= 2.4): the net and the allocator are "
+                         "compiled at first use")
     sp.add_argument("--conda", metavar="CHANNEL",
                     help="also make its .conda package into this local channel folder (indexed)")
     return p

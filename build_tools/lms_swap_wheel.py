@@ -1,5 +1,5 @@
-"""The lms-swap wheel (activation swapping, lms-swap/) with its eviction net compiled for the torch
-of a given interpreter, and its conda package.
+"""The lms-swap wheel (activation swapping, lms-swap/) with its eviction net (and, where that torch
+allows, the pluggable allocator) compiled for the torch of a given interpreter, and its conda package.
 
 The wheel is built from a copy of lms-swap/ (nothing is written into the checkout) with
 `python -m pip wheel --no-build-isolation`, run by the interpreter whose torch the net is compiled
@@ -10,6 +10,7 @@ the pure-Python wheel, which compiles the net at first use.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -57,6 +58,22 @@ def _env(net: bool) -> dict:
     return env
 
 
+def _copy_core(work: Path) -> None:
+    """The LMS core's files from patches/ into `work` at their paths in this repository, so that the
+    copy of lms-swap/ in it lies in a checkout as setup.py looks for one, and stages the core into the
+    wheel (lms_swap/allocator_core/) for the pluggable allocator: the copy alone would build a wheel
+    whose allocator cannot be compiled. The list is lms-swap's own (allocator_sources.CORE_FILES),
+    read from its file: that module imports nothing."""
+    spec = importlib.util.spec_from_file_location(
+        "_lms_swap_wheel_allocator_sources", PACKAGE / "src" / "lms_swap" / "allocator_sources.py")
+    sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sources)
+    for source in sources.CORE_FILES.values():
+        dst = work / source
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO_ROOT / source, dst)
+
+
 def read_wheel(wheel: Path) -> SwapWheel:
     """The version and net record of an lms-swap wheel; refuses one whose parts disagree."""
     with zipfile.ZipFile(wheel) as zf:
@@ -68,6 +85,10 @@ def read_wheel(wheel: Path) -> SwapWheel:
     if (record is None) != (not nets) or ((record is None) != ("+" not in version)):
         raise LmsError(f"{wheel.name}: the net ({nets or 'none'}), its record ({RECORD if record else 'none'}) "
                        f"and the version {version} disagree")
+    allocators = [n for n in names if re.fullmatch(r"lms_swap/_lms_pluggable_allocator\..*so", n)]
+    if bool(allocators) != bool((record or {}).get("allocator")):
+        raise LmsError(f"{wheel.name}: the compiled pluggable allocator ({allocators or 'none'}) and the "
+                       f"record's allocator ({(record or {}).get('allocator')}) disagree")
     return SwapWheel(Path(wheel), version, record)
 
 
@@ -85,6 +106,7 @@ def build(python: str = sys.executable, dist: Path = REPO_ROOT / "dist", *, net:
         src = work / "lms-swap"
         shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info",
                                                                     "build", "_net_build.json", "*.so"))
+        _copy_core(work)
         what = f"with its eviction net compiled for torch {probe.stdout.strip()}" if net else "pure Python"
         progress(f"building the lms-swap wheel ({what}) with {python} ...")
         r = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
@@ -98,6 +120,11 @@ def build(python: str = sys.executable, dist: Path = REPO_ROOT / "dist", *, net:
         if net != (built.record is not None):
             raise LmsError(f"{wheel.name}: asked for {'a' if net else 'no'} net, the wheel has "
                            f"{'one' if built.record else 'none'}")
+        if built.record and built.record.get("allocator"):
+            progress("lms-swap wheel: the pluggable allocator is compiled in too")
+        elif built.record:
+            progress(f"lms-swap wheel: the pluggable allocator is not compiled in "
+                     f"({built.record.get('allocator_absent')}); it compiles at first use")
         final = Path(dist).resolve() / wheel.name
         _publish(wheel, final)
         progress(f"lms-swap wheel: {final}")

@@ -7,20 +7,25 @@ torch.utils.cpp_extension, against the torch of the building interpreter (so: ``
 --no-build-isolation``), and the wheel is made for that torch only, as torchvision's are:
   - version ``0.1.0+torch<X.Y.Z>.<cuNNN|cpu>`` and ``Requires-Dist: torch==X.Y.Z``;
   - the module ``lms_swap/_lms_swap_guard.*.so`` and its record ``lms_swap/_net_build.json``
-    (the torch it was built against), which ``lms_swap.prebuilt`` checks at import.
+    (the torch it was built against), which ``lms_swap.prebuilt`` checks at import;
+  - the pluggable allocator (``lms_swap.allocator``) compiled too, as
+    ``lms_swap/_lms_pluggable_allocator.*.so``, where this torch and these headers allow it
+    (``allocator_build``: a CUDA torch >= 2.0 without LMS of its own, and ``nvml.h``); else the
+    record says why not, and it compiles at first use.
 Compiling needs a C++ compiler, the torch headers and the CUDA runtime headers (a toolkit or
 NVIDIA's wheels, found as ``lms_swap.guard`` finds them at run time), not a GPU.
 
 Either way the wheel carries the patched build's LMS core (``lms_swap/allocator_core/``, staged
-from this repository's ``patches/`` by ``lms_swap/allocator_sources.py``), which
-``lms_swap.allocator`` compiles at first use with the pluggable allocator's own sources.
+from this repository's ``patches/`` by ``lms_swap/allocator_sources.py``), from which
+``lms_swap.allocator`` compiles the allocator at first use where the wheel has no compiled one.
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import sys
+import types
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -40,15 +45,41 @@ def _wanted() -> bool:
     return value in ("1", "yes", "true")
 
 
+PACKAGE_DIR = os.path.join(HERE, "src", "lms_swap")
+_BUILD_PACKAGE = "_lms_swap_build"
+
+
 def _standalone(name: str):
-    """lms_swap/<name>.py alone (net_toolchain and prebuilt import only torch): where the build
-    finds the CUDA headers is where the run-time compile finds them, and what the build records
-    is what the import checks."""
-    spec = importlib.util.spec_from_file_location(
-        f"_lms_swap_build_{name}", os.path.join(HERE, "src", "lms_swap", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """lms_swap/<name>.py without the package's ``__init__`` (the build modules, net_toolchain,
+    prebuilt, allocator_sources and allocator_build, import only torch and each other): where
+    the build finds the CUDA headers is where the run-time compile finds them, and what the
+    build records is what the import checks."""
+    if _BUILD_PACKAGE not in sys.modules:
+        package = types.ModuleType(_BUILD_PACKAGE)
+        package.__path__ = [PACKAGE_DIR]
+        sys.modules[_BUILD_PACKAGE] = package
+    return importlib.import_module(f"{_BUILD_PACKAGE}.{name}")
+
+
+def _allocator_extension(CppExtension):
+    """``(extension, None)`` for the pluggable allocator compiled into the wheel, or ``(None,
+    why not)``.  Its flags and units are those of the compile at first use (allocator_build);
+    the core is staged from the checkout into build/."""
+    build, core = _standalone("allocator_build"), _standalone("allocator_sources")
+    why = build.torch_refusal() or build.toolchain_refusal()
+    root = core.repository_root(PACKAGE_DIR)
+    if why is None and root is None:
+        why = f"no LMS core in {os.path.dirname(HERE)}/patches"
+    if why is not None:
+        return None, why
+    tree = core.core_tree(PACKAGE_DIR, os.path.join(HERE, "build", "allocator_core"))
+    includes, cflags, ldflags = build.compile_flags(tree)
+    units = [os.path.relpath(u, HERE) for u in build.sources(tree, PACKAGE_DIR)]
+    headers = sorted(f"src/lms_swap/{f}" for f in os.listdir(PACKAGE_DIR)
+                     if f.startswith("lms_pluggable_") and f.endswith(".h"))
+    return CppExtension(f"lms_swap.{build.PREBUILT_MODULE}", sources=units, depends=headers,
+                        include_dirs=includes, extra_compile_args=cflags,
+                        extra_link_args=ldflags), None
 
 
 def _net_setup() -> dict:
@@ -63,11 +94,19 @@ def _net_setup() -> dict:
     if reason:
         sys.exit(f"cannot compile the eviction net: {reason}")
     includes = toolchain.cuda_include_dirs()
-    record = prebuilt.build_record(toolchain.cuda_headers_version(includes))
+    allocator, why_not = _allocator_extension(CppExtension)
+    if allocator is None:
+        print(f"lms-swap: the pluggable allocator is not compiled into the wheel ({why_not}); "
+              f"lms_swap.allocator compiles it at first use", file=sys.stderr)
+    record = prebuilt.build_record(
+        toolchain.cuda_headers_version(includes),
+        allocator=None if allocator is None else _standalone("allocator_build").PREBUILT_MODULE,
+        allocator_absent=why_not)
     version = f"{BASE_VERSION}+{prebuilt.local_version_tag(record['torch'], record['torch_cuda'])}"
 
     class BuildNet(BuildExtension):
-        """Compiles the net, and writes beside it the record of the torch it was compiled for."""
+        """Compiles the net (and the allocator), and writes beside them the record of the torch
+        they were compiled for."""
 
         def run(self):
             super().run()
@@ -87,7 +126,8 @@ def _net_setup() -> dict:
                        include_dirs=includes, extra_compile_args=["-O2"],
                        extra_link_args=toolchain.libstdcxx_link_flags())
     public = torch.__version__.split("+")[0]
-    return dict(version=version, install_requires=[f"torch=={public}"], ext_modules=[ext],
+    return dict(version=version, install_requires=[f"torch=={public}"],
+                ext_modules=[ext] + ([allocator] if allocator is not None else []),
                 cmdclass={"build_ext": BuildNet.with_options(use_ninja=True)})
 
 
@@ -98,7 +138,7 @@ class BuildPyWithCore(build_py):
     def run(self):
         super().run()
         sources = _standalone("allocator_sources")
-        root = sources.repository_root(os.path.join(HERE, "src", "lms_swap"))
+        root = sources.repository_root(PACKAGE_DIR)
         if root is None:
             print(f"lms-swap: no LMS core in {os.path.dirname(HERE)}/patches: the wheel's "
                   f"pluggable allocator will say so", file=sys.stderr)

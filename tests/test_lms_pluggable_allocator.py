@@ -18,7 +18,7 @@ PKG = ROOT / "lms-swap" / "src" / "lms_swap"
 sys.path.insert(0, str(ROOT / "lms-swap" / "src"))
 
 torch = pytest.importorskip("torch")
-from lms_swap import allocator, allocator_sources  # noqa: E402
+from lms_swap import allocator, allocator_build, allocator_sources  # noqa: E402
 from lms_swap.net_toolchain import cpu_only_reason, nvml_include_dirs  # noqa: E402
 
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
@@ -86,7 +86,7 @@ def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
         pytest.skip("no nvml.h (make setup installs nvidia-nvml-dev-cu12)")
     from torch.utils import cpp_extension
     tree = allocator_sources.core_tree(str(PKG), str(tmp_path / "core"))
-    includes, cflags, _ = allocator.compile_flags(tree)
+    includes, cflags, _ = allocator_build.compile_flags(tree)
     stub = tmp_path / "stub"
     if cpu_only_reason():
         (stub / "c10/cuda/impl").mkdir(parents=True)
@@ -98,7 +98,7 @@ def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
              "-DTORCH_EXTENSION_NAME=lms_pluggable_check", *cflags,
              *[f"-I{d}" for d in includes + cpp_extension.include_paths()],
              f"-I{sysconfig.get_paths()['include']}", f"-I{stub}"]
-    units = allocator.sources(tree)
+    units = allocator_build.sources(tree)
     assert [pathlib.Path(u).name for u in units[:7]] == [
         "lms_pluggable_allocator.cpp", "lms_pluggable_block_walks.cpp",
         "lms_pluggable_expandable.cpp", "lms_pluggable_free_blocks.cpp",
@@ -143,6 +143,6 @@ def test_the_patched_build_does_not_carry_the_pluggable_allocator():
     from build_tools import catalog
     placed = catalog.source_map(catalog.framework("pytorch"), "v2.6.0")
     mine = [rel for rel in placed if "pluggable" in rel or rel.endswith("/allocator.py")
-            or rel.endswith("allocator_sources.py")]
+            or rel.endswith("allocator_sources.py") or rel.endswith("allocator_build.py")]
     assert mine == [], mine
     assert "torch/cuda/lms_swap/swapper.py" in placed

@@ -107,7 +107,7 @@ def test_the_patch_places_the_packages_files_as_torch_cuda_lms_swap():
     build has no use for (patches/pytorch/shared.toml [left_out])."""
     files = catalog.source_map(catalog.framework("pytorch"), "v2.6.0")
     placed = {rel: path for rel, path in files.items() if rel.startswith("torch/cuda/lms_swap")}
-    pluggable = ("allocator.py", "allocator_sources.py")
+    pluggable = ("allocator.py", "allocator_build.py", "allocator_sources.py")
     ours = sorted(p.name for p in SRC.iterdir() if p.is_file() and not p.name.endswith(".pyc")
                   and p.name not in pluggable and not p.name.startswith("lms_pluggable_"))
     assert set(NET_FILES) <= set(ours) and "__init__.py" in ours

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -90,6 +89,19 @@ def test_the_wheel_installs_imports_enables_on_cpu_and_uninstalls_cleanly(built,
     assert _tree(site) == before, _tree(site) - before
 
 
+def test_the_wheel_carries_the_lms_core_byte_for_byte(built):
+    """The pluggable allocator compiles the patched build's LMS core, which a wheel made by the build
+    tools (from a copy of lms-swap/, away from patches/) must carry as setup.py stages it."""
+    from lms_swap import allocator_sources
+    whl, _ = built
+    with zipfile.ZipFile(whl) as zf:
+        names = set(zf.namelist())
+        for inside, source in allocator_sources.CORE_FILES.items():
+            packed = f"lms_swap/{allocator_sources.PACKAGED_CORE}/{inside}"
+            assert packed in names, f"{whl.name} lacks {packed}"
+            assert zf.read(packed) == (REPO / source).read_bytes(), packed
+
+
 def test_the_conda_package_installs_into_a_prefix_and_imports(built, fresh_venv, tmp_path):
     from build_tools.packagers import conda
     _, channel = built
@@ -123,6 +135,67 @@ def test_a_prebuilt_net_for_another_torch_is_refused_at_import(built, tmp_path):
     assert f"and this is torch {torch.__version__}" in r.stderr and "pip install ./lms-swap" in r.stderr
     r = _run([sys.executable, "-c", code], env={**env, "LMS_SWAP_IGNORE_PREBUILT": "1"}, cwd="/")
     assert r.stdout.strip().splitlines()[-1] == "None"
+
+
+ABSENCE = r"""
+import json
+import lms_swap.allocator, lms_swap.prebuilt as p
+try:
+    got = p.load("allocator")
+except Exception as e:
+    got = type(e).__name__
+print(json.dumps({"load": got if got is None or isinstance(got, str) else got.__file__,
+                  "why": p.absence_reason("allocator"), "refusal": lms_swap.allocator.refusal()}))
+"""
+
+
+@pytest.mark.parametrize("case", ["pure", "built-without", "named-but-missing"])
+def test_where_the_wheel_has_no_compiled_allocator_it_says_why(built, tmp_path, case):
+    """What the allocator says before it compiles at first use: a pure-Python install carries none, a
+    wheel built without it gives the build's reason, and loading from a wheel whose record names a
+    module it lacks fails (the allocator then compiles, saying so); none of them turns the torch's
+    own refusal into another."""
+    whl, _ = built
+    target = tmp_path / "target"
+    with zipfile.ZipFile(whl) as zf:
+        zf.extractall(target)
+    rec = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_headers": None,
+           "module": "_lms_swap_guard"}
+    if case == "built-without":
+        rec.update(allocator=None, allocator_absent="nvml.h is missing (for this test)")
+    if case == "named-but-missing":
+        rec.update(allocator="_lms_pluggable_allocator")
+    if case != "pure":
+        (target / "lms_swap" / "_net_build.json").write_text(json.dumps(rec))
+    out = json.loads(_run([sys.executable, "-c", ABSENCE], env={**ENV, "PYTHONPATH": str(target)},
+                          cwd="/").stdout.strip().splitlines()[-1])
+    want = {"pure": "this lms_swap install carries no prebuilt allocator (a source or pure-Python install)",
+            "built-without": "this lms_swap wheel was built without a prebuilt allocator (nvml.h is missing "
+                             "(for this test))",
+            "named-but-missing": None}[case]
+    assert want is None or out["why"] == want, out
+    assert out["load"] == ("ModuleNotFoundError" if case == "named-but-missing" else None), out
+    if torch.version.cuda is None:
+        assert "CPU-only build" in out["refusal"], out
+
+
+def test_a_wheel_whose_compiled_allocator_and_record_disagree_is_refused(built, tmp_path):
+    from build_tools import lms_swap_wheel
+    from build_tools.errors import LmsError
+    whl, _ = built
+    bad = tmp_path / "lms_swap-0.1.0+torch2.11.0.cu130-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(whl) as src, zipfile.ZipFile(bad, "w") as dst:
+        for n in src.namelist():
+            data = src.read(n)
+            if n.endswith(".dist-info/METADATA"):
+                data = data.replace(b"Version: 0.1.0\n", b"Version: 0.1.0+torch2.11.0.cu130\n")
+            dst.writestr(n, data)
+        dst.writestr("lms_swap/_lms_swap_guard.cpython-311-x86_64-linux-gnu.so", b"")
+        dst.writestr("lms_swap/_net_build.json", json.dumps({"torch": "2.11.0+cu130",
+                                                             "allocator": "_lms_pluggable_allocator"}))
+    with pytest.raises(LmsError, match=r"the compiled pluggable allocator \(none\) and the record's "
+                                       r"allocator \(_lms_pluggable_allocator\) disagree"):
+        lms_swap_wheel.read_wheel(bad)
 
 
 def test_the_cli_compiles_the_net_for_this_torch_or_refuses_with_the_reason(tmp_path):

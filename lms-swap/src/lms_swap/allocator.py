@@ -1,5 +1,6 @@
 """Allocator-level LMS on stock PyTorch: the patched build's LMS core as a pluggable CUDA
-allocator (``torch.cuda.memory.CUDAPluggableAllocator``), compiled at first use.
+allocator (``torch.cuda.memory.CUDAPluggableAllocator``): the wheel's compiled library where it
+carries one (``make lms-swap``), else compiled at first use.
 
 Where activation swapping moves what autograd saves, this moves any block: when the GPU is
 full, pages of the least recently allocated blocks go to pinned host memory at the same
@@ -26,96 +27,64 @@ net of activation swapping stays off under it (it attaches to the native allocat
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from . import allocator_sources, device_memory
+from . import allocator_build, device_memory, prebuilt
+from .allocator_build import build
 from .environment import use_allocator_lms
-from .net_toolchain import (cached_build, cpu_only_reason, cuda_include_dirs,
-                            libstdcxx_link_flags, missing_cuda_headers, nvml_include_dirs)
 
 __all__ = ["enable", "enabled", "memory_stats", "lms_stats", "build", "refusal"]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 _state: Dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def _extension_name() -> str:
-    return "lms_pluggable_allocator_" + torch.__version__.replace(".", "_").replace("+", "_")
+def _prebuilt() -> Tuple[Any, str]:
+    """The wheel's compiled allocator where this install has one that loads, else None and why
+    it is compiled here instead."""
+    why = prebuilt.absence_reason("allocator")
+    try:
+        mod = prebuilt.load("allocator")
+    except Exception as e:  # present but unloadable: compile instead, and say why
+        mod, why = None, f"the prebuilt allocator does not load ({type(e).__name__}: {e})"
+    return mod, why
 
 
 def refusal() -> Optional[str]:
-    """Why the pluggable allocator cannot be built or used with this torch, or None."""
-    if hasattr(torch.cuda, "set_enabled_lms"):
-        return ("this PyTorch has LMS in its own caching allocator (the patched build): use "
-                "torch.cuda.set_enabled_lms(True) instead")
-    if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-        return f"torch {torch.__version__} has no pluggable CUDA allocators (PyTorch >= 2.0)"
-    if cpu_only_reason():
-        return (f"torch {torch.__version__} is a CPU-only build: the pluggable allocator is "
-                f"compiled against a CUDA build of torch")
-    return missing_cuda_headers(cuda_include_dirs()) or (
-        None if nvml_include_dirs() else
-        "nvml.h is missing (PyTorch's c10/cuda/driver_api.h includes it): install a CUDA toolkit "
-        "and set CUDA_HOME, or `pip install nvidia-nvml-dev-cu12`")
-
-
-def sources(tree: str) -> List[str]:
-    """The translation units of the library: the allocator's own, then the core's in ``tree``."""
-    own = sorted(f for f in os.listdir(_HERE)
-                 if f.startswith("lms_pluggable_") and f.endswith(".cpp"))
-    return [os.path.join(_HERE, f) for f in own] + allocator_sources.core_sources(tree)
-
-
-def compile_flags(tree: str) -> Tuple[List[str], List[str], List[str]]:
-    """Include paths, compile and link flags of the library (:func:`build` and the compile
-    check of the tests)."""
-    includes = [tree] + cuda_include_dirs() + nvml_include_dirs()
-    # the core's driver code is compiled only where upstream's build defines this
-    cflags = ["-O2", "-DPYTORCH_C10_DRIVER_API_SUPPORTED=1"]
-    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    ldflags = [f"-l{n}" for n in ("c10_cuda", "torch_cuda")
-               if os.path.isfile(os.path.join(lib, f"lib{n}.so"))] + libstdcxx_link_flags()
-    return includes, cflags, ldflags
-
-
-def build(verbose: bool = False) -> Any:
-    """Compiles (once per PyTorch version, cached in ``TORCH_EXTENSIONS_DIR``) and imports
-    the allocator.  Needs a C++ compiler, ninja and the CUDA runtime headers, not a GPU."""
-    from torch.utils import cpp_extension
-    reason = refusal()
-    if reason:
-        raise RuntimeError(f"the LMS pluggable allocator cannot be built: {reason}")
-    folder, _ = cached_build(_extension_name())
-    tree = allocator_sources.core_tree(_HERE, os.path.join(folder, "core"))
-    includes, cflags, ldflags = compile_flags(tree)
-    return cpp_extension.load(name=_extension_name(), sources=sources(tree),
-                              extra_include_paths=includes, extra_cflags=cflags,
-                              extra_ldflags=ldflags, verbose=verbose)
+    """Why the pluggable allocator cannot be built or used with this torch, or None.  With the
+    wheel's compiled allocator nothing needs compiling, so no header is asked for."""
+    return allocator_build.torch_refusal() or (
+        None if _prebuilt()[0] is not None else allocator_build.toolchain_refusal())
 
 
 def _module() -> Any:
-    """:func:`build` once per process, saying before a compile that it takes a while and after
-    it how long it took (nothing is said where the compiled library is reused)."""
+    """The wheel's compiled allocator, else :func:`build` once per process, saying before a
+    compile why it compiles and that it takes a while, and after it how long it took (nothing
+    is said where the compiled library is reused)."""
     with _lock:
         if "module" not in _state:
-            folder, cached = cached_build(_extension_name())
-            t0 = time.monotonic()
-            if not cached:
-                print(f"LMS pluggable allocator: compiling it for torch {torch.__version__}; "
-                      f"this takes one to three minutes, once: later runs reuse {folder}",
-                      file=sys.stderr, flush=True)
-            _state["module"] = build()
-            if not cached:
-                print(f"LMS pluggable allocator: compiled in {time.monotonic() - t0:.0f} s",
-                      file=sys.stderr, flush=True)
+            reason = allocator_build.torch_refusal()
+            if reason:
+                raise RuntimeError(f"the LMS pluggable allocator cannot be used: {reason}")
+            mod, why = _prebuilt()
+            if mod is None:
+                folder, cached = allocator_build.cached()
+                t0 = time.monotonic()
+                if not cached:
+                    print(f"LMS pluggable allocator: compiling it for torch {torch.__version__} "
+                          f"because {why}; this takes one to three minutes, once: later runs "
+                          f"reuse {folder}", file=sys.stderr, flush=True)
+                mod = build()
+                if not cached:
+                    print(f"LMS pluggable allocator: compiled in {time.monotonic() - t0:.0f} s",
+                          file=sys.stderr, flush=True)
+            _state["module"] = mod
         return _state["module"]
 
 

@@ -14,7 +14,7 @@ import os
 import shutil
 from typing import Dict, List, Optional
 
-__all__ = ["CORE_FILES", "core_sources", "core_tree", "repository_root", "stage_into_package"]
+__all__ = ["CORE_FILES", "PACKAGED_CORE", "core_sources", "core_tree", "repository_root", "stage_into_package"]
 
 # path inside the staged tree (as the core's #includes name it) = file of this repository
 CORE_FILES: Dict[str, str] = {

@@ -1,9 +1,10 @@
-"""The eviction net compiled into the wheel (``_lms_swap_guard.*.so``) and its record
-(``_net_build.json``: the torch it was compiled against).  A wheel built with the net is made
+"""The eviction net compiled into the wheel (``_lms_swap_guard.*.so``), the pluggable allocator
+compiled beside it where the build could (``_lms_pluggable_allocator.*.so``), and their record
+(``_net_build.json``: the torch they were compiled against, and whether the allocator is there).  A wheel built with the net is made
 for one torch (its version ``0.1.0+torch2.11.0.cu130``); under any other torch the package
 refuses to import, with what to install instead, because a C++ extension is bound to the torch
 headers it was compiled with.  ``LMS_SWAP_IGNORE_PREBUILT=1`` imports it anyway, without the
-prebuilt net (which is then compiled at first use, as in a source install).
+prebuilt modules (which are then compiled at first use, as in a source install).
 
 A pure-Python install (no record) is never refused.  ``lms-swap/setup.py`` loads this file on
 its own at build time, so it imports nothing of this package."""
@@ -33,12 +34,17 @@ def local_version_tag(torch_version: str, torch_cuda: Optional[str]) -> str:
     return f"torch{public}.{flavour}"
 
 
-def build_record(cuda_headers: Optional[str]) -> Dict[str, Any]:
+def build_record(cuda_headers: Optional[str], allocator: Optional[str] = None,
+                 allocator_absent: Optional[str] = None) -> Dict[str, Any]:
     """What the wheel records of the build it came from (written by setup.py); ``cuda_headers``:
-    the ``major.minor`` of the CUDA runtime headers the net was compiled with."""
-    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
-            "cuda_headers": cuda_headers, "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
-            "python": "%d.%d" % sys.version_info[:2], "module": MODULE}
+    the ``major.minor`` of the CUDA runtime headers the net was compiled with; ``allocator``: the
+    pluggable allocator's module compiled beside it, or None with why (``allocator_absent``)."""
+    rec = {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
+           "cuda_headers": cuda_headers, "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
+           "python": "%d.%d" % sys.version_info[:2], "module": MODULE, "allocator": allocator}
+    if allocator is None:
+        rec["allocator_absent"] = allocator_absent or "not compiled into this wheel"
+    return rec
 
 
 def ignored() -> bool:
@@ -81,17 +87,33 @@ def check_at_import() -> None:
             f"{ENV_IGNORE}=1 imports this one without its prebuilt net")
 
 
-def load() -> Any:
-    """The prebuilt net's module, or None where this install has none (or it is ignored).
-    Raises where a prebuilt net is present but does not load."""
-    if record() is None or ignored():
+def _module_name(what: str, rec: Dict[str, Any]) -> Optional[str]:
+    if what == "net":
+        return MODULE
+    if what == "allocator":
+        return rec.get("allocator")
+    raise ValueError(f"no prebuilt {what!r}: the net or the allocator")
+
+
+def load(what: str = "net") -> Any:
+    """The prebuilt module of ``what`` (the eviction net, or the pluggable ``allocator``), or
+    None where this install has none (or it is ignored).  Raises where it is present but does
+    not load."""
+    rec = record()
+    name = _module_name(what, rec) if rec is not None and not ignored() else None
+    if name is None:
         return None
     import importlib
-    return importlib.import_module(f"{__package__}.{MODULE}")
+    return importlib.import_module(f"{__package__}.{name}")
 
 
-def absence_reason() -> str:
-    """Why the net must be compiled at first use here (for the message that says so)."""
-    if ignored() and record() is not None:
+def absence_reason(what: str = "net") -> str:
+    """Why ``what`` must be compiled at first use here (for the message that says so)."""
+    rec = record()
+    if ignored() and rec is not None:
         return f"{ENV_IGNORE} is set"
-    return "this lms_swap install carries no prebuilt net (a source or pure-Python install)"
+    if rec is not None and _module_name(what, rec) is None:
+        return (f"this lms_swap wheel was built without a prebuilt {what} "
+                f"({rec.get('allocator_absent', 'its build predates it')})")
+    return (f"this lms_swap install carries no prebuilt {what} "
+            f"(a source or pure-Python install)")
