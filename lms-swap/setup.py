@@ -36,12 +36,16 @@ BASE_VERSION = "0.1.0"
 TORCH_REQUIREMENT = "torch>=2.4"
 EXTENSION = "lms_swap._lms_swap_guard"
 RECORD = "_net_build.json"      # prebuilt.RECORD_FILE
+# setuptools compiles with the interpreter's CFLAGS, which carry -g: the wheel's modules go
+# without debug information, as torch.utils.cpp_extension compiles them at first use
+NO_DEBUG_INFO = ["-g0"]
 
 
 def _wanted() -> bool:
     value = os.environ.get("LMS_SWAP_BUILD_NET", "0").strip().lower()
     if value not in ("0", "1", "", "no", "yes", "false", "true"):
-        sys.exit(f"LMS_SWAP_BUILD_NET={value!r}: use 1 (compile the eviction net into the wheel) or 0")
+        sys.exit(f"LMS_SWAP_BUILD_NET={value!r}: use 1 (compile the eviction net and the "
+                 f"pluggable allocator into the wheel) or 0")
     return value in ("1", "yes", "true")
 
 
@@ -78,7 +82,7 @@ def _allocator_extension(CppExtension):
     headers = sorted(f"src/lms_swap/{f}" for f in os.listdir(PACKAGE_DIR)
                      if f.startswith("lms_pluggable_") and f.endswith(".h"))
     return CppExtension(f"lms_swap.{build.PREBUILT_MODULE}", sources=units, depends=headers,
-                        include_dirs=includes, extra_compile_args=cflags,
+                        include_dirs=includes, extra_compile_args=cflags + NO_DEBUG_INFO,
                         extra_link_args=ldflags), None
 
 
@@ -123,7 +127,7 @@ def _net_setup() -> dict:
     # change of one rebuilds the module)
     ext = CppExtension(EXTENSION, sources=[f"src/lms_swap/{toolchain.NET_SOURCE}"],
                        depends=[f"src/lms_swap/{h}" for h in toolchain.NET_HEADERS],
-                       include_dirs=includes, extra_compile_args=["-O2"],
+                       include_dirs=includes, extra_compile_args=["-O2"] + NO_DEBUG_INFO,
                        extra_link_args=toolchain.libstdcxx_link_flags())
     public = torch.__version__.split("+")[0]
     return dict(version=version, install_requires=[f"torch=={public}"],
