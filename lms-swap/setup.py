@@ -18,6 +18,7 @@ NVIDIA's wheels, found as ``lms_swap.guard`` finds them at run time), not a GPU.
 Either way the wheel carries the patched build's LMS core (``lms_swap/allocator_core/``, staged
 from this repository's ``patches/`` by ``lms_swap/allocator_sources.py``), from which
 ``lms_swap.allocator`` compiles the allocator at first use where the wheel has no compiled one.
+The sdist carries it too (``src/lms_swap/allocator_core/``), for the wheel built from it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import types
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_VERSION = "0.1.0"
@@ -51,6 +53,8 @@ def _wanted() -> bool:
 
 PACKAGE_DIR = os.path.join(HERE, "src", "lms_swap")
 _BUILD_PACKAGE = "_lms_swap_build"
+_NO_CORE = (f"no LMS core, neither in {os.path.dirname(HERE)}/patches (a checkout) nor in "
+            f"src/lms_swap/allocator_core (an sdist)")
 
 
 def _standalone(name: str):
@@ -71,9 +75,8 @@ def _allocator_extension(CppExtension):
     the core is staged from the checkout into build/."""
     build, core = _standalone("allocator_build"), _standalone("allocator_sources")
     why = build.torch_refusal() or build.toolchain_refusal()
-    root = core.repository_root(PACKAGE_DIR)
-    if why is None and root is None:
-        why = f"no LMS core in {os.path.dirname(HERE)}/patches"
+    if why is None and not core.has_core(PACKAGE_DIR):
+        why = _NO_CORE
     if why is not None:
         return None, why
     tree = core.core_tree(PACKAGE_DIR, os.path.join(HERE, "build", "allocator_core"))
@@ -136,24 +139,40 @@ def _net_setup() -> dict:
 
 
 class BuildPyWithCore(build_py):
-    """build_py, then the LMS core staged into the built package from the checkout around this
-    folder (a source tree without it builds a package whose pluggable allocator says so)."""
+    """build_py, then the LMS core staged into the built package, from the checkout around this
+    folder or from the sdist this folder was unpacked from (a source tree with neither builds a
+    package whose pluggable allocator says so)."""
 
     def run(self):
         super().run()
         sources = _standalone("allocator_sources")
-        root = sources.repository_root(PACKAGE_DIR)
-        if root is None:
-            print(f"lms-swap: no LMS core in {os.path.dirname(HERE)}/patches: the wheel's "
-                  f"pluggable allocator will say so", file=sys.stderr)
-            return
-        sources.stage_into_package(root, os.path.join(self.build_lib, "lms_swap"))
+        into = os.path.join(self.build_lib, "lms_swap", sources.PACKAGED_CORE)
+        if not sources.stage_core(PACKAGE_DIR, into):
+            print(f"lms-swap: {_NO_CORE}: the wheel's pluggable allocator will say so",
+                  file=sys.stderr)
+
+
+class SdistWithCore(sdist):
+    """sdist with the LMS core at ``src/lms_swap/allocator_core/``, so that the wheel built from
+    it (``python -m build`` builds the sdist first) carries the core as one built from the
+    checkout does.  An sdist without the core is refused before anything is written."""
+
+    def run(self):
+        if not _standalone("allocator_sources").has_core(PACKAGE_DIR):
+            sys.exit(f"lms-swap: cannot make an sdist: {_NO_CORE}")
+        super().run()
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        sources = _standalone("allocator_sources")
+        sources.stage_core(PACKAGE_DIR,
+                           os.path.join(base_dir, "src", "lms_swap", sources.PACKAGED_CORE))
 
 
 if _wanted():
     options = _net_setup()
-    options["cmdclass"]["build_py"] = BuildPyWithCore
+    options["cmdclass"].update(build_py=BuildPyWithCore, sdist=SdistWithCore)
     setup(**options)
 else:
     setup(version=BASE_VERSION, install_requires=[TORCH_REQUIREMENT],
-          cmdclass={"build_py": BuildPyWithCore})
+          cmdclass={"build_py": BuildPyWithCore, "sdist": SdistWithCore})

@@ -100,6 +100,58 @@ def test_the_wheel_installs_into_a_fresh_venv_and_swaps_bitwise_on_cpu(tmp_path)
     assert out["bitwise"], "loss or gradients differ from stock"
 
 
+SDIST = "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))"
+
+
+def _core_sources():
+    spec = importlib.util.spec_from_file_location("_lms_swap_test_allocator_sources",
+                                                  SRC / "allocator_sources.py")
+    sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sources)
+    return sources
+
+
+def test_the_sdist_carries_the_lms_core_for_the_wheel_built_from_it(tmp_path):
+    """`python -m build` makes the sdist, then the wheel from the sdist unpacked away from any
+    checkout: the sdist must carry the LMS core, or that wheel's pluggable allocator has no sources
+    to compile. A tree with no core refuses to make an sdist, and writes none."""
+    from build_tools.archives import extract_tar
+    sources = _core_sources()
+    checkout = tmp_path / "checkout"
+    shutil.copytree(PACKAGE, checkout / "lms-swap",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build"))
+    for source in sources.CORE_FILES.values():
+        (checkout / source).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / source, checkout / source)
+    dist = tmp_path / "dist"
+    r = subprocess.run([sys.executable, "-c", SDIST, str(dist)], cwd=checkout / "lms-swap",
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [sdist] = dist.glob("lms_swap-*.tar.gz")
+    unpacked = tmp_path / "unpacked"
+    extract_tar(sdist, unpacked)
+    [tree] = unpacked.iterdir()
+    wheels = tmp_path / "wheels"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        str(tree), "-w", str(wheels)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [whl] = wheels.glob("lms_swap-*.whl")
+    with zipfile.ZipFile(whl) as zf:
+        for inside, source in sources.CORE_FILES.items():
+            assert (tree / "src" / "lms_swap" / sources.PACKAGED_CORE / inside).read_bytes() == \
+                (REPO / source).read_bytes(), f"the sdist's {inside}"
+            assert zf.read(f"lms_swap/{sources.PACKAGED_CORE}/{inside}") == (REPO / source).read_bytes(), \
+                f"the wheel's {inside}"
+
+    alone = tmp_path / "alone"
+    shutil.copytree(PACKAGE, alone, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build"))
+    refused = tmp_path / "refused"
+    r = subprocess.run([sys.executable, "-c", SDIST, str(refused)], cwd=alone, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode != 0 and "cannot make an sdist: no LMS core" in r.stderr, r.stdout + r.stderr
+    assert not list(refused.glob("*.tar.gz")), list(refused.iterdir())
+
+
 def test_the_patch_places_the_packages_files_as_torch_cuda_lms_swap():
     """One source, two placements: every file of lms-swap/src/lms_swap/ lands under torch/cuda/lms_swap/
     in the PyTorch trees, except the eviction net's source and the headers it includes, which land next

@@ -3,8 +3,9 @@
 
 The core is kept once, in this repository's ``patches/`` (the patched build's sources).
 A wheel carries a copy of it under ``lms_swap/allocator_core/`` (``lms-swap/setup.py``
-stages it there at build time); an editable install or a checkout reads it from
-``patches/`` itself.  Imports nothing of this package and not torch: ``setup.py`` loads
+stages it there at build time), and so does an sdist, under ``src/lms_swap/allocator_core/``,
+for the wheel built from it; an editable install or a checkout reads it from ``patches/``
+itself.  Imports nothing of this package and not torch: ``setup.py`` loads
 this file on its own.
 """
 
@@ -14,7 +15,8 @@ import os
 import shutil
 from typing import Dict, List, Optional
 
-__all__ = ["CORE_FILES", "PACKAGED_CORE", "core_sources", "core_tree", "repository_root", "stage_into_package"]
+__all__ = ["CORE_FILES", "PACKAGED_CORE", "core_sources", "core_tree", "has_core",
+           "repository_root", "stage_core"]
 
 # path inside the staged tree (as the core's #includes name it) = file of this repository
 CORE_FILES: Dict[str, str] = {
@@ -57,8 +59,14 @@ def repository_root(package_dir: str = _HERE) -> Optional[str]:
 def stage(root: str, into: str) -> None:
     """Copies the core from the checkout at ``root`` into ``into`` at its include paths
     (files only where they differ, so a rebuild sees unchanged times)."""
-    for inside, source in CORE_FILES.items():
-        src, dst = os.path.join(root, source), os.path.join(into, inside)
+    _copy({inside: os.path.join(root, source) for inside, source in CORE_FILES.items()}, into)
+
+
+def _copy(files: Dict[str, str], into: str) -> None:
+    """Each file of ``files`` (path inside the tree = file to copy) into ``into``, each
+    written whole (a temporary beside it, then renamed) and only where it differs."""
+    for inside, src in files.items():
+        dst = os.path.join(into, inside)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         with open(src, "rb") as f:
             data = f.read()
@@ -72,17 +80,30 @@ def stage(root: str, into: str) -> None:
         os.replace(tmp, dst)
 
 
+def _packaged(package_dir: str) -> Optional[str]:
+    """The package's own staged copy of the core (a wheel's, an unpacked sdist's), if whole."""
+    packaged = os.path.join(package_dir, PACKAGED_CORE)
+    return packaged if all(os.path.isfile(os.path.join(packaged, f)) for f in CORE_FILES) \
+        else None
+
+
+def has_core(package_dir: str = _HERE) -> bool:
+    """Whether :func:`core_tree` and :func:`stage_core` find the core for ``package_dir``."""
+    return _packaged(package_dir) is not None or repository_root(package_dir) is not None
+
+
 def core_tree(package_dir: str = _HERE, scratch: Optional[str] = None) -> str:
     """A folder holding the core at its include paths: the package's staged copy, else the
     checkout's files staged into ``scratch``.  Raises FileNotFoundError naming both."""
-    packaged = os.path.join(package_dir, PACKAGED_CORE)
-    if all(os.path.isfile(os.path.join(packaged, f)) for f in CORE_FILES):
+    packaged = _packaged(package_dir)
+    if packaged is not None:
         return packaged
     root = repository_root(package_dir)
     if root is None or scratch is None:
         raise FileNotFoundError(
-            f"the LMS core's sources are neither in {packaged} (a wheel of lms-swap built from "
-            f"this repository has them) nor in a checkout around {package_dir}")
+            f"the LMS core's sources are neither in {os.path.join(package_dir, PACKAGED_CORE)} "
+            f"(a wheel of lms-swap built from this repository has them) nor in a checkout "
+            f"around {package_dir}")
     stage(root, scratch)
     return scratch
 
@@ -92,9 +113,17 @@ def core_sources(tree: str) -> List[str]:
     return [os.path.join(tree, f) for f in CORE_FILES if f.endswith(".cpp")]
 
 
-def stage_into_package(root: str, build_lib_package: str) -> None:
-    """``setup.py``: the core staged afresh into a built package."""
-    into = os.path.join(build_lib_package, PACKAGED_CORE)
+def stage_core(package_dir: str, into: str) -> bool:
+    """``setup.py``: the core staged afresh into ``into`` (a built package's or an sdist's
+    ``allocator_core``), from the package's own copy, else from the checkout around it.
+    False, with nothing written, where there is neither."""
+    packaged, root = _packaged(package_dir), repository_root(package_dir)
+    if packaged is None and root is None:
+        return False
     if os.path.isdir(into):
         shutil.rmtree(into)
-    stage(root, into)
+    if packaged is not None:
+        _copy({inside: os.path.join(packaged, inside) for inside in CORE_FILES}, into)
+    else:
+        stage(root, into)
+    return True
