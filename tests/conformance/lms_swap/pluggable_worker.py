@@ -13,6 +13,7 @@ allocator must be installed before the process allocates anything on the GPU.  P
     python pluggable_worker.py grow LIMIT_MIB
     python pluggable_worker.py return-release LIMIT_MIB
     python pluggable_worker.py limit-peak LIMIT_MIB
+    python pluggable_worker.py whole-card SCALE
 
 Each follows PyTorch's expandable_segments setting in PYTORCH_CUDA_ALLOC_CONF, as the allocator
 does.
@@ -330,6 +331,40 @@ def limit_peak(limit_mib):
             "limit": after.get("limit")}
 
 
+def whole_card(scale):
+    """With no LMS limit, tensors of ``scale`` times the card: then, on threads that never used
+    the GPU, a matrix product each, whose cuBLAS handle (cublasCreate) the library allocates
+    outside the allocator, from what the card has free.  Returns what stayed free, the
+    products' outcomes and the tensors' bytes."""
+    import threading
+    alloc = _enable()
+    free0, total = torch.cuda.mem_get_info()
+    n = CHUNK // 4
+    ts = []
+    while len(ts) * CHUNK < scale * total:
+        t = torch.empty(n, dtype=torch.int32, device="cuda")
+        t.fill_(len(ts))
+        ts.append(t)
+    torch.cuda.synchronize()
+    free_after, _ = torch.cuda.mem_get_info()
+    products = []
+
+    def product():
+        try:
+            a = torch.ones(512, 512, device="cuda")
+            products.append(float((a @ a)[0, 0]))
+        except RuntimeError as e:
+            products.append(str(e).splitlines()[0])
+
+    for _ in range(2):
+        th = threading.Thread(target=product)
+        th.start()
+        th.join()
+    bad = [i for i, t in enumerate(ts) if not bool((t == i).all())]
+    return {"total": total, "free_before": free0, "free_after": free_after,
+            "tensors": len(ts), "bad": bad, "products": products, "lms": alloc.lms_stats()}
+
+
 def main():
     what, args = sys.argv[1], sys.argv[2:]
     if what == "bytes":
@@ -352,6 +387,8 @@ def main():
         r = return_release(int(args[0]))
     elif what == "limit-peak":
         r = limit_peak(int(args[0]))
+    elif what == "whole-card":
+        r = whole_card(float(args[0]))
     elif what == "bad-setting":
         r = bad_setting(args[0])
     else:

@@ -221,6 +221,24 @@ def test_a_request_that_grows_past_the_limit_never_maps_past_it():
     assert seen["limit_spills"] == 0, seen
 
 
+@pytest.mark.parametrize("segments", ["fixed", "expandable"])
+def test_memory_outside_the_allocator_finds_room_on_a_card_lms_filled(segments):
+    """1.25 times the card in tensors with no LMS limit: the allocator keeps the foreign reserve
+    (1/64 of the card, at least 256 MiB) free by moving pages out before it maps more, so that
+    what is allocated outside it still fits: two threads new to the GPU each make a cuBLAS
+    handle (cublasCreate allocates on the device) and multiply.  Before the reserve, the
+    allocator mapped until the driver refused, and the first matrix product of a classifier's
+    head at 2x (ResNet-50, run 252) failed with CUBLAS_STATUS_ALLOC_FAILED."""
+    r = _run("whole-card", 1.25, env=SEGMENTS[segments])
+    reserve = max(256 * 2**20, r["total"] // 64)
+    assert r["bad"] == [], r
+    assert r["products"] == [512.0, 512.0], r
+    assert r["lms"]["swap_out_bytes"] >= 0.2 * r["total"], r
+    # the last request may map into the reserve by what its own page rounds up to
+    assert r["free_after"] >= reserve - 64 * 2**20, r
+    assert r["lms"]["reserve_reclaims"] > 0, r
+
+
 def test_a_bad_setting_is_refused_naming_it_before_anything_is_installed():
     r = _run("bad-setting", "lms_limit_mb:lots")
     assert r["raised"] == "ValueError" and "lms_limit_mb" in r["message"], r

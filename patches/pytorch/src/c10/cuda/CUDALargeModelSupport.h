@@ -9,7 +9,10 @@
 // virtual address, so kernels keep reading them (over PCIe). Pages come back
 // to device memory when room returns. Defragmentation releases free pages of
 // partly used segments and remaps physical memory where it is needed instead
-// of copying tensors.
+// of copying tensors. Whatever the limit, LMS keeps 1/64 of the card (at
+// least 256 MiB) free for memory allocated outside the allocator (kernels the
+// driver loads lazily, cuBLAS/cuDNN handles, NCCL buffers): a request that
+// would map into it moves pages out first (the reserve_reclaims statistic).
 //
 // This header is new (only additions to libc10_cuda's ABI): no upstream class
 // changes layout. Python reaches it through the extern "C" functions below
@@ -155,6 +158,7 @@ enum Stat : int {
   kReturnsHeld, // returns after frees held back: too little room to keep them
   kLimitSpills, // requests that mapped past the LMS limit and spilled after the fact
   kLimitSpillBytes, // bytes those spills moved out
+  kReserveReclaims, // requests that moved pages out to keep the foreign reserve free
   kNumStats
 };
 C10_CUDA_API const char* stat_name(int s);

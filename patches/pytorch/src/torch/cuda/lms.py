@@ -251,6 +251,9 @@ def lms_stats(device=None) -> Dict[str, int]:
     allocations made with LMS on were served from; swap_out_time_ns / swap_in_time_ns;
     limit_spills / limit_spill_bytes: requests that mapped past the LMS limit, and the bytes
     moved out after the fact to get back under it (0 expected: each is a synchronous spill);
+    reserve_reclaims: requests that moved pages out so that the device memory kept free for
+    allocations outside the allocator (kernels the driver loads, library handles; 1/64 of the
+    card, at least 256 MiB) stays free;
     launch_gate.*: active (1: other threads' launches and copies wait while live pages move),
     inactive_reason (1 no CUPTI library, 2 another CUPTI client such as a profiler, 3 CUPTI
     refused, 4 ``lms_launch_gate:False``), closes, close_wait_ns, calls_held.

@@ -19,6 +19,14 @@ namespace c10::cuda::CUDACachingAllocator::lms::impl {
 namespace {
 // upstream's kLargeBuffer: the large pool's page without LMS
 constexpr size_t kUpstreamLargePage = size_t(20) << 20;
+
+// Device memory kept free for what is allocated outside this allocator: the
+// driver's lazily loaded kernels, library handles (cublasCreate on a new
+// thread), NCCL's buffers. Those allocations cannot make LMS move anything,
+// so on a card LMS has filled they fail. 1/64 of the card, at least 256 MiB.
+size_t foreign_reserve(size_t total) {
+  return std::max<size_t>(size_t(256) << 20, total / 64);
+}
 } // namespace
 
 size_t DeviceLms::host_bytes() const {
@@ -144,7 +152,7 @@ size_t DeviceLms::return_room(size_t headroom, size_t releasable) {
   // keep a margin so that the next allocations do not swap straight back
   size_t margin = lim ? kUpstreamLargePage * 8
                       : std::max<size_t>(kUpstreamLargePage * 8, total_b / 50);
-  margin = std::max(margin, headroom);
+  margin = std::max({margin, headroom, foreign_reserve(total_b)});
   size_t room = free_b > margin ? free_b - margin : 0;
   if (lim) {
     size_t under = lim > dev + margin ? lim - dev - margin : 0;
@@ -197,6 +205,36 @@ void DeviceLms::keep_under_limit(size_t lim, size_t cap) {
   }
 }
 
+// Before new device pages are mapped for `want` bytes: where they would leave
+// less than the foreign reserve free, the cache is released and pages move
+// out until they would not (a few rounds at most). Soft: what cannot be
+// reclaimed is mapped into the reserve rather than failing the request.
+// Returns whether pages moved.
+bool DeviceLms::keep_reserve(size_t want, size_t total, size_t cap) {
+  const size_t keep = want + foreign_reserve(total);
+  size_t free_b = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+  if (free_b >= keep) {
+    return false;
+  }
+  attempt_.released += release_free(std::max(keep - free_b, return_headroom()));
+  bool moved = false;
+  for (int round = 0; round < 4; ++round) {
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    if (free_b >= keep || swap_out(keep - free_b, cap) == 0) {
+      break;
+    }
+    moved = true;
+    if (attempt_.host_exhausted) {
+      break;
+    }
+  }
+  if (moved) {
+    stat_add(mover_.device(), kReserveReclaims, 1);
+  }
+  return moved;
+}
+
 bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   *refused = false;
   mover_.init(device);
@@ -242,6 +280,9 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
       *refused = true;
       return false;
     }
+  }
+  if (!capturing && keep_reserve(want, total_b, cap)) {
+    reclaimed = true;
   }
   if (hooks_.alloc_block(/*is_retry=*/false)) {
     keep_under_limit(lim, cap);

@@ -10,7 +10,8 @@
 //   while the memory behind it may change (v2.6.0: expandable segments;
 //   v1.13.1: impl/LMSVmmSegment.inc).
 // * Search order of malloc with LMS on (malloc): free list -> [if the LMS
-//   limit would be passed: reclaim first] -> new device pages -> release free
+//   limit would be passed: reclaim first] -> [if the card's free memory would
+//   fall under the foreign reserve: reclaim first, softly] -> new device pages -> release free
 //   pages ("defrag") -> swap out least recently allocated pages of allocated
 //   blocks (>= lms size) to pooled host handles -> OutOfMemoryError with an
 //   LMS report (oom_message).
@@ -85,6 +86,7 @@ class DeviceLms {
   size_t release_free(size_t at_least);
   size_t swap_out(size_t need, size_t cap);
   void keep_under_limit(size_t lim, size_t cap);
+  bool keep_reserve(size_t want, size_t total, size_t cap);
   size_t return_room(size_t headroom, size_t releasable);
   size_t return_headroom();
   size_t swap_in(size_t headroom);

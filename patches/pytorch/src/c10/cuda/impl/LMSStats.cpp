@@ -48,6 +48,7 @@ const char* const kStatNames[] = {
     "returns_held",
     "limit_spills",
     "limit_spill_bytes",
+    "reserve_reclaims",
 };
 // a Stat added without its name would print a null name
 static_assert(
