@@ -147,7 +147,7 @@ def child(args):
         # before anything is allocated on the GPU: PyTorch refuses to change allocators after
         from lms_swap_loader import load_lms_allocator
         alloc = load_lms_allocator(args.allocator_settings or None)
-    cap = device_cap.apply(torch)
+    cap = device_cap.apply(torch, swapping=args.mode in LAYERED)
     if cap:
         result["device_cap"] = cap
     if args.mode in LAYERED:

@@ -26,8 +26,14 @@ takes the larger card's surplus (its total less the asked size) with the driver'
 where it would fail on the smaller card and nowhere sooner.  lms_swap's limit under its
 eviction net is the card's free memory plus what the allocator holds, so it reads the
 smaller card as there; without the net it reads the card's total, so this hold is for runs
-with the net.  The pluggable LMS allocator takes the fraction as its LMS limit, so under it
-the child holds by the fraction whatever was asked, and says so in what ``apply`` returns.
+with the net.  The pluggable LMS allocator alone, with no LMS limit, maps until the card's
+free memory would fall under its foreign reserve, so a ballast holds it as the smaller card
+would: where the driver refuses, and where cuBLAS handles and lazily loaded kernels, allocated
+outside it, must still find room.  Its margins are fractions of the card's total, which the
+ballast leaves the larger card's (an H200's reserve is 2.2 GiB, an H100's 1.2), so it keeps a
+little more free than on the smaller card, never less.  With activation swapping on top,
+the layer reads the pluggable allocator's limit as the card, so there the child holds by the
+fraction whatever was asked, and says so in what ``apply`` returns.
 
 Host memory is not capped: the machines with the larger cards have as much or more.
 """
@@ -72,7 +78,8 @@ def add_option(ap: argparse.ArgumentParser) -> None:
                     help="how --device-gib holds the card: 'fraction' (PyTorch's memory "
                          "fraction; stricter than the real card near its edge) or 'ballast' "
                          "(the surplus taken from the driver first, so the card fails where "
-                         "the smaller one would; needs lms_swap's eviction net)")
+                         "the smaller one would; needs lms_swap's eviction net or the "
+                         "pluggable LMS allocator alone)")
 
 
 def pass_to_children(size: Optional[float], how: str = "fraction") -> None:
@@ -147,10 +154,11 @@ def _allocator_bytes(torch, size_gib: float) -> int:
     return int(size_gib * GiB) - (total - free)
 
 
-def apply(torch) -> Optional[dict]:
+def apply(torch, swapping: bool = False) -> Optional[dict]:
     """Caps the process's allocator to the asked size; call it before the model is built, and
-    under the pluggable allocator after installing it.  Returns what it did (for the child's
-    RESULT), or None where nothing was asked or the card is no larger."""
+    under the pluggable allocator after installing it; ``swapping``: activation swapping will
+    run in this process.  Returns what it did (for the child's RESULT), or None where nothing
+    was asked or the card is no larger."""
     size = gib()
     if size is None:
         return None
@@ -158,12 +166,13 @@ def apply(torch) -> Optional[dict]:
     if size * GiB >= total:
         return None
     how = hold()
-    if how == "ballast" and not _pluggable_on():
+    if how == "ballast" and not (swapping and _pluggable_on()):
         taken = _take_ballast(torch, total - int(size * GiB))
         return {"device_gib": size, "hold": "ballast", "ballast_bytes": taken}
     cap = _allocator_bytes(torch, size)
     torch.cuda.set_per_process_memory_fraction(cap / total)
     out = {"device_gib": size, "hold": "fraction", "allocator_cap_bytes": cap}
     if how == "ballast":
-        out["ballast_refused"] = "the pluggable LMS allocator's limit is the fraction"
+        out["ballast_refused"] = ("activation swapping reads the pluggable LMS allocator's "
+                                  "limit, the fraction, as the card")
     return out

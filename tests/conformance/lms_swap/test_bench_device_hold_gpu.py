@@ -6,7 +6,8 @@
 Held by PyTorch's memory fraction, the caching allocator checks the whole request against
 the fraction before expandable segments would map only what the request lacks, so a request
 the segment's free tail mostly covers makes it release its cache and retry, where the real
-card maps a few pages.  Held by a ballast, the card refuses only what the smaller card would.
+card maps a few pages.  Held by a ballast, the card refuses only what the smaller card would,
+and the pluggable LMS allocator alone meets the smaller card's edge where it would.
 """
 from __future__ import annotations
 
@@ -54,14 +55,52 @@ print("HOLD " + json.dumps({"info": info, "free": free, "retries": retries,
 """
 
 
-def _held(how):
+# The pluggable LMS allocator alone (no LMS limit) on the card held as asked: tensors of 1.2
+# times the held size, then a matrix product on a thread new to the GPU (its cuBLAS handle
+# is allocated outside the allocator); then how the same process would be held were
+# activation swapping to run in it.
+WORKER_PLUGGABLE = r"""
+import json, sys, threading, torch
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+from swap_package import put_on_path
+put_on_path()
+from lms_swap import allocator
+import device_cap
+allocator.enable()
+info = device_cap.apply(torch)
+free0, total = torch.cuda.mem_get_info()
+n = (256 << 20) // 4
+ts = []
+while len(ts) * (256 << 20) < 1.2 * free0:
+    ts.append(torch.full((n,), len(ts), dtype=torch.int32, device="cuda"))
+torch.cuda.synchronize()
+free1, _ = torch.cuda.mem_get_info()
+products = []
+def product():
+    try:
+        a = torch.ones(512, 512, device="cuda")
+        products.append(float((a @ a)[0, 0]))
+    except RuntimeError as e:
+        products.append(str(e).splitlines()[0])
+th = threading.Thread(target=product)
+th.start()
+th.join()
+bad = [i for i, t in enumerate(ts) if not bool((t == i).all())]
+print("HOLD " + json.dumps({"info": info, "total": total, "free_before": free0,
+                            "free_after": free1, "tensors": len(ts), "bad": bad,
+                            "products": products, "lms": allocator.lms_stats()}), flush=True)
+"""
+
+
+def _held(how, worker=WORKER, *args):
     total = torch.cuda.get_device_properties(0).total_memory
     if total < 3 * HELD_SMALLER_BY:
         pytest.skip(f"a card of {total} bytes is too small to hold 8 GiB smaller")
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
                LMS_BENCH_DEVICE_GIB=repr((total - HELD_SMALLER_BY) / GiB),
                LMS_BENCH_DEVICE_HOLD=how)
-    p = subprocess.run([sys.executable, "-c", WORKER, str(BENCH)], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", worker, str(BENCH), *args], capture_output=True,
                        text=True, env=env, timeout=300)
     lines = [x for x in p.stdout.splitlines() if x.startswith("HOLD ")]
     assert p.returncode == 0 and lines, p.stdout[-2000:] + p.stderr[-2000:]
@@ -87,3 +126,19 @@ def test_a_card_held_by_the_fraction_releases_its_cache_for_the_same_request():
     assert r["info"]["hold"] == "fraction", r
     assert r["retries"] == 1, r
     assert r["refused"], r
+
+
+def test_the_pluggable_allocator_alone_meets_a_ballast_held_cards_edge_as_the_smaller_cards():
+    """Under the pluggable LMS allocator with no LMS limit, a ballast holds the card: the
+    allocator maps until the held card's free memory would fall under its foreign reserve,
+    then moves pages out, every byte intact, and cuBLAS finds room for a new thread's handle
+    (on a real H100 before the reserve, ResNet-50 at 2x failed in cublasCreate, run 252, where
+    the fraction had left an H200's surplus to the driver)."""
+    r = _held("ballast", WORKER_PLUGGABLE, str(pathlib.Path(__file__).resolve().parent))
+    assert r["info"]["hold"] == "ballast", r
+    assert abs(r["info"]["ballast_bytes"] - HELD_SMALLER_BY) < 64 << 20, r
+    assert r["bad"] == [] and r["products"] == [512.0], r
+    assert r["lms"]["swap_out_bytes"] >= 0.1 * r["free_before"], r
+    reserve = max(256 << 20, r["total"] // 64)  # of the card's total, which the ballast keeps
+    assert r["free_after"] >= reserve - (64 << 20), r
+    assert r["lms"]["reserve_reclaims"] > 0, r
