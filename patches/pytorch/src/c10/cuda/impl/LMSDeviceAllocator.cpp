@@ -152,8 +152,11 @@ size_t DeviceLms::return_room(size_t headroom, size_t releasable) {
   // keep a margin so that the next allocations do not swap straight back
   size_t margin = lim ? kUpstreamLargePage * 8
                       : std::max<size_t>(kUpstreamLargePage * 8, total_b / 50);
-  margin = std::max({margin, headroom, foreign_reserve(total_b)});
-  size_t room = free_b > margin ? free_b - margin : 0;
+  margin = std::max(margin, headroom);
+  // The card's free memory also keeps the foreign reserve; room under the
+  // LMS limit does not (memory outside the allocator is not under the limit).
+  const size_t card_margin = std::max(margin, foreign_reserve(total_b));
+  size_t room = free_b > card_margin ? free_b - card_margin : 0;
   if (lim) {
     size_t under = lim > dev + margin ? lim - dev - margin : 0;
     room = std::min(room, under);
