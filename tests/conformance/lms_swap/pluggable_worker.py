@@ -331,13 +331,15 @@ def limit_peak(limit_mib):
             "limit": after.get("limit")}
 
 
-def whole_card(scale):
+def whole_card(scale, held=None):
     """With no LMS limit, tensors of ``scale`` times the card: then, on threads that never used
     the GPU, a matrix product each, whose cuBLAS handle (cublasCreate) the library allocates
-    outside the allocator, from what the card has free.  Returns what stayed free, the
-    products' outcomes and the tensors' bytes."""
+    outside the allocator, from what the card has free.  ``held``: called once the allocator
+    is installed, before anything is allocated (a benchmark's card hold); what it returns is
+    ``info``.  Returns what stayed free, the products' outcomes and the tensors' bytes."""
     import threading
     alloc = _enable()
+    info = held() if held else None
     free0, total = torch.cuda.mem_get_info()
     n = CHUNK // 4
     ts = []
@@ -361,7 +363,7 @@ def whole_card(scale):
         th.start()
         th.join()
     bad = [i for i, t in enumerate(ts) if not bool((t == i).all())]
-    return {"total": total, "free_before": free0, "free_after": free_after,
+    return {"info": info, "total": total, "free_before": free0, "free_after": free_after,
             "tensors": len(ts), "bad": bad, "products": products, "lms": alloc.lms_stats()}
 
 

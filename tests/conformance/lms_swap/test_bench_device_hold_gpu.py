@@ -55,41 +55,15 @@ print("HOLD " + json.dumps({"info": info, "free": free, "retries": retries,
 """
 
 
-# The pluggable LMS allocator alone (no LMS limit) on the card held as asked: tensors of 1.2
-# times the held size, then a matrix product on a thread new to the GPU (its cuBLAS handle
-# is allocated outside the allocator); then how the same process would be held were
-# activation swapping to run in it.
+# The pluggable LMS allocator alone (no LMS limit) on the card held as asked: the pluggable
+# suite's whole-card scenario (tensors of 1.2 times the card, then matrix products on threads
+# new to the GPU, whose cuBLAS handles are allocated outside the allocator).
 WORKER_PLUGGABLE = r"""
-import json, sys, threading, torch
-sys.path.insert(0, sys.argv[1])
-sys.path.insert(0, sys.argv[2])
-from swap_package import put_on_path
-put_on_path()
-from lms_swap import allocator
-import device_cap
-allocator.enable()
-info = device_cap.apply(torch)
-free0, total = torch.cuda.mem_get_info()
-n = (256 << 20) // 4
-ts = []
-while len(ts) * (256 << 20) < 1.2 * free0:
-    ts.append(torch.full((n,), len(ts), dtype=torch.int32, device="cuda"))
-torch.cuda.synchronize()
-free1, _ = torch.cuda.mem_get_info()
-products = []
-def product():
-    try:
-        a = torch.ones(512, 512, device="cuda")
-        products.append(float((a @ a)[0, 0]))
-    except RuntimeError as e:
-        products.append(str(e).splitlines()[0])
-th = threading.Thread(target=product)
-th.start()
-th.join()
-bad = [i for i, t in enumerate(ts) if not bool((t == i).all())]
-print("HOLD " + json.dumps({"info": info, "total": total, "free_before": free0,
-                            "free_after": free1, "tensors": len(ts), "bad": bad,
-                            "products": products, "lms": allocator.lms_stats()}), flush=True)
+import json, sys, torch
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import device_cap, pluggable_worker
+r = pluggable_worker.whole_card(1.2, held=lambda: device_cap.apply(torch))
+print("HOLD " + json.dumps(r), flush=True)
 """
 
 
@@ -137,7 +111,7 @@ def test_the_pluggable_allocator_alone_meets_a_ballast_held_cards_edge_as_the_sm
     r = _held("ballast", WORKER_PLUGGABLE, str(pathlib.Path(__file__).resolve().parent))
     assert r["info"]["hold"] == "ballast", r
     assert abs(r["info"]["ballast_bytes"] - HELD_SMALLER_BY) < 64 << 20, r
-    assert r["bad"] == [] and r["products"] == [512.0], r
+    assert r["bad"] == [] and r["products"] == [512.0, 512.0], r
     assert r["lms"]["swap_out_bytes"] >= 0.1 * r["free_before"], r
     reserve = max(256 << 20, r["total"] // 64)  # of the card's total, which the ballast keeps
     assert r["free_after"] >= reserve - (64 << 20), r
