@@ -44,7 +44,7 @@ TOOLS        = $(call q,$(PY)) -m build_tools
 # The virtualenv is made on demand, unless PY names another interpreter (PY=python3).
 NEED_VENV    = $(filter $(VENV)/bin/python,$(PY))
 SOURCE_ARG   = $(if $(SOURCE),--source $(call q,$(SOURCE)))
-PATCH_ARGS   = $(if $(PATCH),--patch $(call q,$(PATCH)))$(if $(PATCH_SHA256), --patch-sha256 $(PATCH_SHA256))
+PATCH_ARGS   = $(if $(PATCH),--patch $(call q,$(PATCH)))$(if $(PATCH_SHA256), --patch-sha256 $(call q,$(PATCH_SHA256)))
 # Debian packages the tools and tests use: abidiff (ABI check), gtest (c10/TF allocator tests),
 # fmt + cpuinfo (c10 headers), protoc (TensorFlow's config.proto), xz (tarballs), ccache (compiler
 # cache for both PyTorch build modes), binutils (nm, c++filt: the TensorFlow wiring check's link
@@ -98,7 +98,7 @@ setup: system-packages $(NEED_VENV)
 
 # Installs what is missing when run as root with apt; otherwise says what to install.
 system-packages:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(foreach p,$(SYSTEM_PACKAGES),$(call q,$p)); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "==> apt-get install$$missing"; \
@@ -108,9 +108,9 @@ system-packages:
 
 build: | $(NEED_VENV)
 ifdef TORCH
-	$(TOOLS) build pytorch $(call q,$(TORCH)) --mode $(MODE) $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(TREE_ONLY),--tree-only)
+	$(TOOLS) build pytorch $(call q,$(TORCH)) --mode $(call q,$(MODE)) $(SOURCE_ARG) $(if $(JOBS),--jobs $(call q,$(JOBS))) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(TREE_ONLY),--tree-only)
 else ifdef TF
-	$(TOOLS) build tensorflow $(call q,$(TF)) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(JOBS)) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(TREE_ONLY),--tree-only)
+	$(TOOLS) build tensorflow $(call q,$(TF)) --mode full $(SOURCE_ARG) $(if $(JOBS),--jobs $(call q,$(JOBS))) $(PATCH_ARGS) $(if $(DRY_RUN),--dry-run) $(if $(TREE_ONLY),--tree-only)
 else
 	@echo "error: say what to build: make build TORCH=<tag> or make build TF=<tag>"; $(TOOLS) tags; exit 2
 endif
