@@ -289,7 +289,15 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   }
   if (hooks_.alloc_block(/*is_retry=*/false)) {
     keep_under_limit(lim, cap);
-    stat_add(dev, reclaimed ? kAllocLmsReclaim : kAllocNewDevice, 1);
+    // served by what moved, else by the free cache released for it (under
+    // the limit or the reserve), counted as the retries below count it
+    Stat served = kAllocNewDevice;
+    if (reclaimed) {
+      served = kAllocLmsReclaim;
+    } else if (attempt_.released > 0 && defrag_enabled()) {
+      served = kAllocDefrag;
+    }
+    stat_add(dev, served, 1);
     return true;
   }
   if (capturing) {
