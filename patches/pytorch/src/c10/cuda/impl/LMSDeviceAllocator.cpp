@@ -27,6 +27,16 @@ constexpr size_t kUpstreamLargePage = size_t(20) << 20;
 size_t foreign_reserve(size_t total) {
   return std::max<size_t>(size_t(256) << 20, total / 64);
 }
+
+// What served a request that mapped new pages: pages moved for it, else the
+// free cache released for it (counted as defrag when defrag is on), else new
+// device memory alone.
+Stat served_by(bool moved, size_t released) {
+  if (moved) {
+    return kAllocLmsReclaim;
+  }
+  return released > 0 && defrag_enabled() ? kAllocDefrag : kAllocNewDevice;
+}
 } // namespace
 
 size_t DeviceLms::host_bytes() const {
@@ -289,15 +299,9 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
   }
   if (hooks_.alloc_block(/*is_retry=*/false)) {
     keep_under_limit(lim, cap);
-    // served by what moved, else by the free cache released for it (under
-    // the limit or the reserve), counted as the retries below count it
-    Stat served = kAllocNewDevice;
-    if (reclaimed) {
-      served = kAllocLmsReclaim;
-    } else if (attempt_.released > 0 && defrag_enabled()) {
-      served = kAllocDefrag;
-    }
-    stat_add(dev, served, 1);
+    // the free cache may have been released for it under the limit or the
+    // reserve
+    stat_add(dev, served_by(reclaimed, attempt_.released), 1);
     return true;
   }
   if (capturing) {
@@ -314,7 +318,7 @@ bool DeviceLms::malloc(bool found, int device, size_t want, bool* refused) {
     }
     if (hooks_.alloc_block(/*is_retry=*/true)) {
       keep_under_limit(lim, cap);
-      stat_add(dev, defrag_enabled() ? kAllocDefrag : kAllocNewDevice, 1);
+      stat_add(dev, served_by(/*moved=*/false, rel), 1);
       return true;
     }
   }
