@@ -195,7 +195,7 @@ def child(args):
         def allocator_counters():
             """The pluggable allocator's running page moves and layout after a step: where
             a step starts to move pages, whether its segments or their mapping grew first,
-            and the running peak of its device pages beside its LMS limit (the step in
+            what its own maps, unmaps and releases' synchronizations cost, and the running peak of its device pages beside its LMS limit (the step in
             which the peak first passes the limit is where the limit did not hold)."""
             if not alloc:
                 return {}
@@ -203,7 +203,8 @@ def child(args):
             out = alloc_totals(alloc, st)
             out.update({f"alloc.{k}": ms.get(k) for k in (
                 "device_reserved_bytes", "peak_device_reserved_bytes", "reserved_bytes",
-                "cached_free_bytes", "segments")})
+                "cached_free_bytes", "segments", "map_bytes", "map_ns", "unmap_bytes",
+                "unmap_ns", "release_syncs", "release_sync_ns")})
             out["alloc.limit"] = st.get("limit")
             return out
 

@@ -149,7 +149,10 @@ def memory_stats(device: Optional[int] = None) -> Dict[str, int]:
     allocator): allocated and its peak (blocks whose pages LMS moved to host memory
     included), reserved (segments, on the device or moved to host), device reserved (their
     pages on the device) and its peak since the last reset, cached free, segments and live
-    allocations."""
+    allocations; and what its own mapping cost since the process began: device bytes mapped
+    and unmapped (``map_bytes``, ``unmap_bytes``, page moves not among them), the driver
+    calls' time (``map_ns``, ``unmap_ns``) and the device synchronizations its releases of
+    free memory waited on (``release_syncs``, ``release_sync_ns``)."""
     s = _stats(device)
     s.pop("lms")
     return s

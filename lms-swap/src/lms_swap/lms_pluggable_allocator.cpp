@@ -38,6 +38,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -178,6 +179,13 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     c.segments = segments_.all().size();
     c.cached_free = free_.bytes();
     c.live = live_.size();
+    const MapCosts& m = segments_.costs();
+    c.map_bytes = m.map_bytes;
+    c.map_ns = m.map_ns;
+    c.unmap_bytes = m.unmap_bytes;
+    c.unmap_ns = m.unmap_ns;
+    c.release_syncs = release_syncs_;
+    c.release_sync_ns = release_sync_ns_;
     return c;
   }
 
@@ -288,7 +296,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     const bool more = pages && expandable_ && planned < at_least;
     bool synced = false;
     if (!idle.empty()) {
-      C10_CUDA_CHECK(cudaDeviceSynchronize());
+      synchronize_for_release();
       synced = true;
       for (Segment* s : idle) {
         free_.remove(s->first);
@@ -306,10 +314,21 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
       return;
     }
     if (!synced) {
-      C10_CUDA_CHECK(cudaDeviceSynchronize());
+      synchronize_for_release();
     }
     growth_.unmap(spans);
     released_ += spans.size();
+  }
+  // The wait a release makes for the blocks' last users, counted: releasing
+  // pays it on top of the unmaps.
+  void synchronize_for_release() {
+    const auto t0 = std::chrono::steady_clock::now();
+    C10_CUDA_CHECK(cudaDeviceSynchronize());
+    ++release_syncs_;
+    release_sync_ns_ += static_cast<size_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::steady_clock::now() - t0)
+            .count());
   }
   std::string format_size(size_t bytes) const override {
     return format_bytes(bytes);
@@ -525,6 +544,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   size_t mark_ = 0; // allocated_ at the last mark_peak
   size_t running_peak_ = 0; // the highest allocated_ since then
   size_t released_ = 0; // segments and spans of pages given back to the driver
+  size_t release_syncs_ = 0;
+  size_t release_sync_ns_ = 0;
   Request* req_ = nullptr;
   lms::impl::DeviceLms lms_{*this};
 };

@@ -19,6 +19,15 @@ struct Counters {
   size_t peak_device_allocated = 0; // since the last reset_peak
   size_t cached_free = 0;
   size_t live = 0; // allocations not yet freed
+  // the cache's own mapping since the process began (MapCosts,
+  // lms_pluggable_segments.h), and the device synchronizations its releases
+  // of free memory waited on
+  size_t map_bytes = 0;
+  size_t map_ns = 0;
+  size_t unmap_bytes = 0;
+  size_t unmap_ns = 0;
+  size_t release_syncs = 0;
+  size_t release_sync_ns = 0;
 };
 
 // Every call but malloc leaves a GPU alone that this process never allocated

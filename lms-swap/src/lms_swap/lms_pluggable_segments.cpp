@@ -6,10 +6,18 @@
 #include <c10/cuda/impl/LMSDriverAPI.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace lms_pluggable {
 
 namespace {
+
+size_t ns_since(std::chrono::steady_clock::time_point t0) {
+  return static_cast<size_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now() - t0)
+          .count());
+}
 
 // The alignment of a segment's address range: every page starts on a multiple
 // of the page from the range's start, so the range needs only the largest power
@@ -50,6 +58,7 @@ Block* Segments::make(
   seg->page = page;
   seg->size = size;
   const size_t n = size / page;
+  const auto t0 = std::chrono::steady_clock::now();
   C10_CUDA_DRIVER_CHECK(
       api->cuMemAddressReserve_(&seg->base, size, range_alignment(page), 0, 0));
   // undoes what was made (the first `mapped` pages are mapped)
@@ -92,6 +101,8 @@ Block* Segments::make(
   }
   mapped_ += size;
   note_device_bytes();
+  costs_.map_bytes += size;
+  costs_.map_ns += ns_since(t0);
   return add(std::move(seg), stream, /*mapped=*/true);
 }
 
@@ -126,6 +137,7 @@ Block* Segments::add(
 
 bool Segments::map_pages(Segment* s, size_t first, size_t count) {
   auto* api = DriverAPI::get();
+  const auto t0 = std::chrono::steady_clock::now();
   const size_t page = s->page;
   size_t done = 0; // pages [first, first + done) are mapped
   auto undo = [&]() {
@@ -168,11 +180,15 @@ bool Segments::map_pages(Segment* s, size_t first, size_t count) {
   }
   mapped_ += count * page;
   note_device_bytes();
+  costs_.map_bytes += count * page;
+  costs_.map_ns += ns_since(t0);
   return true;
 }
 
 void Segments::unmap_pages(Segment* s, size_t first, size_t count) {
   auto* api = DriverAPI::get();
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t device_pages = 0;
   for (size_t i = first; i < first + count; ++i) {
     if (!s->mapped[i]) {
       continue;
@@ -185,12 +201,15 @@ void Segments::unmap_pages(Segment* s, size_t first, size_t count) {
       lms::stat_add(device_, lms::kHostPagesDropped, 1);
     } else {
       C10_CUDA_DRIVER_CHECK(api->cuMemRelease_(s->handles[i]));
+      ++device_pages;
     }
     s->handles[i] = 0;
     s->mapped[i] = false;
     s->on_host[i] = false;
     mapped_ -= s->page;
   }
+  costs_.unmap_bytes += device_pages * s->page;
+  costs_.unmap_ns += ns_since(t0);
 }
 
 void Segments::release(Segment* s) {

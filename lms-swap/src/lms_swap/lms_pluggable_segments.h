@@ -117,6 +117,17 @@ class PageMapper {
   virtual ~PageMapper() = default;
 };
 
+// What the cache's own mapping has cost since the process began: new device
+// pages mapped (segments made, expandable pages grown into) and device pages
+// given back (segments released, free pages unmapped), bytes and the time the
+// driver calls took. Page moves to and from host are LMS's, counted there.
+struct MapCosts {
+  size_t map_bytes = 0;
+  size_t map_ns = 0;
+  size_t unmap_bytes = 0;
+  size_t unmap_ns = 0;
+};
+
 // The segments of one GPU.
 class Segments final : public PageMapper {
  public:
@@ -168,6 +179,9 @@ class Segments final : public PageMapper {
   const std::vector<std::unique_ptr<Segment>>& all() const override {
     return segments_;
   }
+  const MapCosts& costs() const {
+    return costs_;
+  }
 
  private:
   // Lists seg (its handles made, mapped or not as `mapped` says), covered by
@@ -182,6 +196,7 @@ class Segments final : public PageMapper {
   size_t mapped_ = 0;
   size_t on_host_ = 0; // bytes of pages LMS moved to host memory
   size_t peak_device_ = 0;
+  MapCosts costs_;
   std::vector<std::unique_ptr<Segment>> segments_;
 };
 

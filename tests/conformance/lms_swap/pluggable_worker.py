@@ -191,7 +191,8 @@ def expand():
     def mem():
         m = alloc.memory_stats()
         return {k: m[k] for k in ("reserved_bytes", "device_reserved_bytes", "segments",
-                                  "cached_free_bytes")}
+                                  "cached_free_bytes", "map_bytes", "map_ns", "unmap_bytes",
+                                  "unmap_ns", "release_syncs", "release_sync_ns")}
     def filled(i, numel):  # _pattern(i, numel) written in place: no temporary allocated
         t = torch.arange(numel, dtype=torch.int32, device="cuda")
         return t.mul_(7).add_(i * 1_000_003)

@@ -135,11 +135,23 @@ def test_expandable_segments_reuse_freed_neighbours_and_unmap_on_release():
     freed hole between live tensors, a later tensor grows past them, every live tensor keeps
     its bytes, and after the last free empty_cache leaves nothing reserved.  Stock's 20 MiB
     page does not divide 1 GiB: the pages at the hole's two edges, partly under the live
-    tensors beside it, stay mapped."""
+    tensors beside it, stay mapped.  The mapping's own counters add up: with nothing moved to
+    host, what was mapped less what was unmapped is what is reserved, after every phase; the
+    unmap and the growth are timed, and the unmap waited on a device synchronization."""
     GiB = 2**30
     r = _run("expand", env=SEGMENTS["expandable"])
     ph = r["phases"]
     assert r["bad"] == [] and not r["swap_out_bytes"], r
+    for name, m in ph.items():
+        assert m["map_bytes"] - m["unmap_bytes"] == m["reserved_bytes"], (name, m)
+    assert ph["big"]["map_bytes"] == ph["eight"]["map_bytes"] > 0 < ph["eight"]["map_ns"], ph
+    hole, grown = ph["hole_unmapped"], ph["grown"]
+    assert hole["unmap_bytes"] - ph["big"]["unmap_bytes"] >= GiB - 2 * r["page"], ph
+    assert hole["unmap_ns"] > ph["big"]["unmap_ns"], ph
+    assert hole["release_syncs"] > ph["big"]["release_syncs"], ph
+    assert hole["release_sync_ns"] > ph["big"]["release_sync_ns"], ph
+    assert grown["map_bytes"] - hole["map_bytes"] >= 2 * GiB - 2**27, ph
+    assert grown["map_ns"] > hole["map_ns"], ph
     assert ph["eight"]["reserved_bytes"] >= 8 * GiB, ph
     assert ph["big"]["reserved_bytes"] == ph["eight"]["reserved_bytes"], ph
     assert (ph["hole_unmapped"]["reserved_bytes"]
@@ -148,6 +160,8 @@ def test_expandable_segments_reuse_freed_neighbours_and_unmap_on_release():
     assert ph["empty"]["reserved_bytes"] < GiB // 8, ph
     fixed = _run("expand", env=SEGMENTS["fixed"])
     assert fixed["bad"] == [], fixed
+    for name, m in fixed["phases"].items():
+        assert m["map_bytes"] - m["unmap_bytes"] == m["reserved_bytes"], (name, m)
     assert fixed["phases"]["big"]["reserved_bytes"] >= 16 * GiB, fixed["phases"]
 
 
