@@ -1,5 +1,5 @@
-"""The pluggable LMS allocator (lms_swap.allocator) without a GPU: its free lists' logic
-(a C++ driver, tests/lms_pluggable/free_blocks_driver.cpp), every translation unit compiling
+"""The pluggable LMS allocator (lms_swap.allocator) without a GPU: its free lists', expandable
+segments' and page walks' logic (C++ drivers in tests/lms_pluggable/), every translation unit compiling
 against this torch's headers with the flags the run-time build uses, the core staged from
 patches/ as one copy, and its refusals.  The allocator on a GPU:
 tests/conformance/lms_swap/test_lms_pluggable_allocator_gpu.py."""
@@ -32,20 +32,29 @@ def _headers_or_skip() -> list:
     return cuda_include_dirs()
 
 
-@needs_cxx
-def test_free_blocks_fit_cut_and_merge_per_stream(tmp_path):
+def _driver_checks(tmp_path, driver: str, units, include_core: bool = False) -> list:
+    """Compiles tests/lms_pluggable/<driver>.cpp with the allocator's `units` (names after
+    lms_pluggable_) and runs it: its check lines, every one of them "ok" and the exit status 0
+    (a compile error fails the test with the compiler's output)."""
     includes = _headers_or_skip()
     exe = tmp_path / "driver"
-    subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{PKG}",
-                    *[f"-I{d}" for d in includes],
-                    str(ROOT / "tests" / "lms_pluggable" / "free_blocks_driver.cpp"),
-                    str(PKG / "lms_pluggable_free_blocks.cpp"),
-                    str(PKG / "lms_pluggable_block_walks.cpp"), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
-    p = subprocess.run([str(exe)], capture_output=True, text=True)
+    core = [f"-I{ROOT / 'patches' / 'pytorch' / 'src'}"] if include_core else []
+    c = subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{PKG}", *core,
+                        *[f"-I{d}" for d in includes],
+                        str(ROOT / "tests" / "lms_pluggable" / f"{driver}.cpp"),
+                        *[str(PKG / f"lms_pluggable_{u}.cpp") for u in units], "-o", str(exe)],
+                       capture_output=True, text=True)
+    assert c.returncode == 0, c.stderr[-3000:]
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     lines = p.stdout.splitlines()
     failed = [x for x in lines if not x.startswith("ok ")]
     assert p.returncode == 0 and not failed, p.stdout + p.stderr
+    return lines
+
+
+@needs_cxx
+def test_free_blocks_fit_cut_and_merge_per_stream(tmp_path):
+    lines = _driver_checks(tmp_path, "free_blocks_driver", ("free_blocks", "block_walks"))
     assert len(lines) == 35, lines
 
 
@@ -61,19 +70,20 @@ def test_expandable_segments_keep_blocks_and_pages_in_step(tmp_path):
     request leaves the free run it grows into (what new_bytes predicts it maps is the same
     after the release as before), the bytes new_bytes predicts are what grow maps, and at the
     end nothing stays mapped."""
-    includes = _headers_or_skip()
-    exe = tmp_path / "driver"
-    subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{PKG}",
-                    *[f"-I{d}" for d in includes],
-                    str(ROOT / "tests" / "lms_pluggable" / "expandable_driver.cpp"),
-                    *[str(PKG / f"lms_pluggable_{u}.cpp")
-                      for u in ("expandable", "block_walks", "free_blocks")], "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
-    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    lines = p.stdout.splitlines()
-    failed = [x for x in lines if not x.startswith("ok ")]
-    assert p.returncode == 0 and not failed, p.stdout + p.stderr
+    lines = _driver_checks(tmp_path, "expandable_driver",
+                           ("expandable", "block_walks", "free_blocks"))
     assert len(lines) == 8, lines
+
+
+@needs_cxx
+def test_the_pages_the_core_may_move_and_the_busiest_page(tmp_path):
+    """The walks the core asks for on hand-made segments (no GPU): a device page is listed
+    only when every allocated block on it is at least the floor and none waits for an event,
+    with the newest allocation's clock and every stream that may use it; host pages come back
+    whatever lies on them; unmapped pages and the small pool's are never listed; the busiest
+    large page sums allocated bytes per page size."""
+    lines = _driver_checks(tmp_path, "page_walks_driver", ("page_walks",), include_core=True)
+    assert len(lines) == 11, lines
 
 
 @needs_cxx
@@ -99,11 +109,11 @@ def test_every_unit_compiles_against_this_torchs_headers(tmp_path):
              *[f"-I{d}" for d in includes + cpp_extension.include_paths()],
              f"-I{sysconfig.get_paths()['include']}", f"-I{stub}"]
     units = allocator_build.sources(tree)
-    assert [pathlib.Path(u).name for u in units[:7]] == [
+    assert [pathlib.Path(u).name for u in units[:8]] == [
         "lms_pluggable_allocator.cpp", "lms_pluggable_block_walks.cpp",
         "lms_pluggable_expandable.cpp", "lms_pluggable_free_blocks.cpp",
-        "lms_pluggable_module.cpp", "lms_pluggable_pending_frees.cpp",
-        "lms_pluggable_segments.cpp"]
+        "lms_pluggable_module.cpp", "lms_pluggable_page_walks.cpp",
+        "lms_pluggable_pending_frees.cpp", "lms_pluggable_segments.cpp"]
     for unit in units:
         p = subprocess.run([CXX, *flags, unit], capture_output=True, text=True)
         errors = [x for x in p.stderr.splitlines() if "error" in x or

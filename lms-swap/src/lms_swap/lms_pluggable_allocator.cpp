@@ -21,12 +21,14 @@
 //   FreeBlocks  best fit per stream, split and merged (lms_pluggable_free_blocks.h)
 //   PendingFrees blocks freed while other streams used them, until their
 //               events (lms_pluggable_pending_frees.h)
+//   page walks  which pages may move, for the core (lms_pluggable_page_walks.h)
 //   DeviceLms   the core, which calls back through the hooks below
 // Every entry takes the device's mutex; the core runs under it.
 #include "lms_pluggable_allocator.h"
 
 #include "lms_pluggable_expandable.h"
 #include "lms_pluggable_free_blocks.h"
+#include "lms_pluggable_page_walks.h"
 #include "lms_pluggable_pending_frees.h"
 #include "lms_pluggable_segments.h"
 
@@ -38,7 +40,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -184,8 +185,8 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     c.map_ns = m.map_ns;
     c.unmap_bytes = m.unmap_bytes;
     c.unmap_ns = m.unmap_ns;
-    c.release_syncs = release_syncs_;
-    c.release_sync_ns = release_sync_ns_;
+    c.release_syncs = m.release_syncs;
+    c.release_sync_ns = m.release_sync_ns;
     return c;
   }
 
@@ -296,7 +297,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     const bool more = pages && expandable_ && planned < at_least;
     bool synced = false;
     if (!idle.empty()) {
-      synchronize_for_release();
+      segments_.synchronize_for_release();
       synced = true;
       for (Segment* s : idle) {
         free_.remove(s->first);
@@ -314,21 +315,10 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
       return;
     }
     if (!synced) {
-      synchronize_for_release();
+      segments_.synchronize_for_release();
     }
     growth_.unmap(spans);
     released_ += spans.size();
-  }
-  // The wait a release makes for the blocks' last users, counted: releasing
-  // pays it on top of the unmaps.
-  void synchronize_for_release() {
-    const auto t0 = std::chrono::steady_clock::now();
-    C10_CUDA_CHECK(cudaDeviceSynchronize());
-    ++release_syncs_;
-    release_sync_ns_ += static_cast<size_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(
-            std::chrono::steady_clock::now() - t0)
-            .count());
   }
   std::string format_size(size_t bytes) const override {
     return format_bytes(bytes);
@@ -336,70 +326,14 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   size_t mapped_bytes() const override {
     return segments_.mapped_bytes();
   }
-  // Pages under allocated blocks of the large pool, each with the newest
-  // allocation on it. A device page moves only when every allocated block on
-  // it is at least lms::min_swap_size(); no page moves while a block on it
-  // waits for an event. Host pages come back whatever lies on them.
+  // what moves: lms_pluggable_page_walks.h
   std::vector<lms::impl::PageRef> movable_pages(bool host) override {
-    std::vector<lms::impl::PageRef> out;
-    const size_t min_size = lms::min_swap_size();
-    for (const auto& sp : segments_.all()) {
-      Segment* s = sp.get();
-      if (s->small) {
-        continue;
-      }
-      Block* b = s->first;
-      for (size_t i = 0; i < s->handles.size(); ++i) {
-        if (!s->mapped[i] || s->on_host[i] != host) {
-          continue;
-        }
-        char* lo = s->page_ptr(i);
-        char* hi = lo + s->page;
-        while (b && b->ptr + b->size <= lo) {
-          b = b->next;
-        }
-        lms::impl::PageRef p;
-        p.seg = s;
-        p.idx = i;
-        bool ok = true;
-        bool any_allocated = false;
-        for (Block* c = b; c && c->ptr < hi; c = c->next) {
-          if (c->events > 0 || (!host && c->allocated && c->size < min_size)) {
-            ok = false;
-            break;
-          }
-          if (c->allocated) {
-            any_allocated = true;
-            p.tick = std::max(p.tick, c->tick);
-          }
-          p.streams.push_back(c->stream);
-          p.streams.insert(p.streams.end(), c->uses.begin(), c->uses.end());
-        }
-        if (ok && (host || any_allocated)) {
-          out.push_back(std::move(p));
-        }
-      }
-    }
-    return out;
+    return lms_pluggable::movable_pages(
+        segments_.all(), host, lms::min_swap_size());
   }
   size_t busiest_large_page(int device) const override {
-    std::unordered_map<size_t, size_t> bytes_by_page;
-    for (const auto& s : segments_.all()) {
-      for (const Block* b = s->first; b && !s->small; b = b->next) {
-        if (b->allocated) {
-          bytes_by_page[s->page] += b->size;
-        }
-      }
-    }
-    size_t page = new_large_page(device);
-    size_t most = 0;
-    for (const auto& kv : bytes_by_page) {
-      if (kv.second > most) {
-        page = kv.first;
-        most = kv.second;
-      }
-    }
-    return page;
+    return lms_pluggable::busiest_large_page(
+        segments_.all(), new_large_page(device));
   }
   size_t cached_free_bytes() const override {
     return free_.bytes();
@@ -544,8 +478,6 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
   size_t mark_ = 0; // allocated_ at the last mark_peak
   size_t running_peak_ = 0; // the highest allocated_ since then
   size_t released_ = 0; // segments and spans of pages given back to the driver
-  size_t release_syncs_ = 0;
-  size_t release_sync_ns_ = 0;
   Request* req_ = nullptr;
   lms::impl::DeviceLms lms_{*this};
 };

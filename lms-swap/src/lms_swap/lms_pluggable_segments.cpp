@@ -212,6 +212,13 @@ void Segments::unmap_pages(Segment* s, size_t first, size_t count) {
   costs_.unmap_ns += ns_since(t0);
 }
 
+void Segments::synchronize_for_release() {
+  const auto t0 = std::chrono::steady_clock::now();
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  ++costs_.release_syncs;
+  costs_.release_sync_ns += ns_since(t0);
+}
+
 void Segments::release(Segment* s) {
   unmap_pages(s, 0, s->handles.size());
   C10_CUDA_DRIVER_CHECK(

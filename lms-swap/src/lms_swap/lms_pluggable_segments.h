@@ -120,12 +120,15 @@ class PageMapper {
 // What the cache's own mapping has cost since the process began: new device
 // pages mapped (segments made, expandable pages grown into) and device pages
 // given back (segments released, free pages unmapped), bytes and the time the
-// driver calls took. Page moves to and from host are LMS's, counted there.
+// driver calls took, and the device synchronizations releases waited on first.
+// Page moves to and from host are LMS's, counted there.
 struct MapCosts {
   size_t map_bytes = 0;
   size_t map_ns = 0;
   size_t unmap_bytes = 0;
   size_t unmap_ns = 0;
+  size_t release_syncs = 0;
+  size_t release_sync_ns = 0;
 };
 
 // The segments of one GPU.
@@ -148,6 +151,10 @@ class Segments final : public PageMapper {
   // stream: device pages to the driver, host pages to LMS's host pool. The
   // block is deleted.
   void release(Segment* s);
+
+  // Waits for all work on the device, as a release must before it unmaps the
+  // pages of blocks whose last users may still run; counted in costs().
+  void synchronize_for_release();
 
   // A new device handle of `page` bytes; false when the device is out of
   // memory.
