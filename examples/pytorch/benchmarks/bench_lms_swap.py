@@ -195,8 +195,9 @@ def child(args):
         def allocator_counters():
             """The pluggable allocator's running page moves and layout after a step: where
             a step starts to move pages, whether its segments or their mapping grew first,
-            what its own maps, unmaps and releases' synchronizations cost, and the running peak of its device pages beside its LMS limit (the step in
-            which the peak first passes the limit is where the limit did not hold)."""
+            what its own maps, unmaps and releases' synchronizations cost, and the running
+            peak of its device pages beside its LMS limit (the step in which the peak first
+            passes the limit is where the limit did not hold)."""
             if not alloc:
                 return {}
             ms, st = alloc.memory_stats(), alloc.lms_stats()

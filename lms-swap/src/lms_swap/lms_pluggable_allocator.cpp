@@ -180,13 +180,7 @@ class DeviceAllocator final : public lms::impl::AllocatorHooks {
     c.segments = segments_.all().size();
     c.cached_free = free_.bytes();
     c.live = live_.size();
-    const MapCosts& m = segments_.costs();
-    c.map_bytes = m.map_bytes;
-    c.map_ns = m.map_ns;
-    c.unmap_bytes = m.unmap_bytes;
-    c.unmap_ns = m.unmap_ns;
-    c.release_syncs = m.release_syncs;
-    c.release_sync_ns = m.release_sync_ns;
+    c.mapping = segments_.costs();
     return c;
   }
 

@@ -2,6 +2,8 @@
 // The pluggable LMS allocator, one per GPU (lms_pluggable_allocator.cpp): the
 // calls lms_pluggable_module.cpp connects to PyTorch. Every call takes the
 // device's mutex.
+#include "lms_pluggable_map_costs.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -19,15 +21,7 @@ struct Counters {
   size_t peak_device_allocated = 0; // since the last reset_peak
   size_t cached_free = 0;
   size_t live = 0; // allocations not yet freed
-  // the cache's own mapping since the process began (MapCosts,
-  // lms_pluggable_segments.h), and the device synchronizations its releases
-  // of free memory waited on
-  size_t map_bytes = 0;
-  size_t map_ns = 0;
-  size_t unmap_bytes = 0;
-  size_t unmap_ns = 0;
-  size_t release_syncs = 0;
-  size_t release_sync_ns = 0;
+  MapCosts mapping; // what the cache's own maps, unmaps and releases cost
 };
 
 // Every call but malloc leaves a GPU alone that this process never allocated

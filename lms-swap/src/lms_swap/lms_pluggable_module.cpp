@@ -80,12 +80,12 @@ py::dict memory_stats(int device) {
   d["segments"] = c.segments;
   d["cached_free_bytes"] = c.cached_free;
   d["live_allocations"] = c.live;
-  d["map_bytes"] = c.map_bytes;
-  d["map_ns"] = c.map_ns;
-  d["unmap_bytes"] = c.unmap_bytes;
-  d["unmap_ns"] = c.unmap_ns;
-  d["release_syncs"] = c.release_syncs;
-  d["release_sync_ns"] = c.release_sync_ns;
+  d["map_bytes"] = c.mapping.map_bytes;
+  d["map_ns"] = c.mapping.map_ns;
+  d["unmap_bytes"] = c.mapping.unmap_bytes;
+  d["unmap_ns"] = c.mapping.unmap_ns;
+  d["release_syncs"] = c.mapping.release_syncs;
+  d["release_sync_ns"] = c.mapping.release_sync_ns;
   d["lms"] = lms::stats_text(device);
   return d;
 }

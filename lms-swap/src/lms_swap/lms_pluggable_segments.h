@@ -11,6 +11,8 @@
 // wherever its bytes live. Blocks of one segment form a list by address
 // (prev/next) and cover it; in an expandable segment an unmapped block
 // covers whole pages with nothing mapped under them.
+#include "lms_pluggable_map_costs.h"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -115,20 +117,6 @@ class PageMapper {
   // pages to LMS's host pool.
   virtual void unmap_pages(Segment* s, size_t first, size_t count) = 0;
   virtual ~PageMapper() = default;
-};
-
-// What the cache's own mapping has cost since the process began: new device
-// pages mapped (segments made, expandable pages grown into) and device pages
-// given back (segments released, free pages unmapped), bytes and the time the
-// driver calls took, and the device synchronizations releases waited on first.
-// Page moves to and from host are LMS's, counted there.
-struct MapCosts {
-  size_t map_bytes = 0;
-  size_t map_ns = 0;
-  size_t unmap_bytes = 0;
-  size_t unmap_ns = 0;
-  size_t release_syncs = 0;
-  size_t release_sync_ns = 0;
 };
 
 // The segments of one GPU.
